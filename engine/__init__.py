@@ -1,0 +1,26 @@
+"""kvgate inference engine: paged KV cache, prefix reuse, scheduler, model, kernels.
+
+Public names are resolved lazily so that importing a torch-free submodule (``engine.kv``,
+``engine.scheduler``) never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Engine": "engine.engine",
+    "AsyncEngine": "engine.engine",
+    "EngineConfig": "engine.config",
+    "SamplingParams": "engine.params",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,34 @@
+"""Frozen engine configuration. Values measured at run time (number of KV blocks) live elsewhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_BLOCK_SIZE = 64
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16
+    enable_prefix_reuse: bool = True
+    max_num_batched_tokens: int = 8192  # token budget of one step (decode + prefill chunks)
+    max_num_seqs: int = 256  # cap on running requests
+    max_waiting: int = 1024  # bounded waiting queue; beyond it requests are refused as overloaded
+    kv_cache_bytes: int | None = None  # explicit KV budget; None: derived from device memory
+    kv_cache_memory_fraction: float = 0.5  # of free device memory when kv_cache_bytes is None
+    pin_cap_fraction: float = 0.5  # pinned blocks may take at most this share of the pool
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+
+    def __post_init__(self) -> None:
+        bs = self.block_size
+        if bs < 1 or bs > MAX_BLOCK_SIZE or bs & (bs - 1):
+            raise ValueError(f"block_size must be a power of two in 1..{MAX_BLOCK_SIZE}, got {bs}")
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_waiting < 0:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        if not 0.0 <= self.pin_cap_fraction <= 1.0:
+            raise ValueError(f"pin_cap_fraction must be in [0, 1], got {self.pin_cap_fraction}")
+        if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
+            raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}")
