@@ -1,0 +1,38 @@
+"""``kvgate bench <name> [options]``: each benchmark is a module with ``main(argv) -> int``."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "kv": ("bench.kv", "prefix match + allocation on a warm 100k-block pool; scheduler churn"),
+    "model": ("bench.model", "prefill/decode tokens/s vs HF transformers on the same weights"),
+    "reuse": ("bench.reuse", "prefix reuse on vs off by batch size and common-prefix length"),
+    "burst": ("bench.burst", "TTFT of a cold-cache burst sharing one system prompt"),
+    "blocksize": ("bench.blocksize", "hit tokens and TTFT by block size 2..64"),
+    "load": ("bench.load", "request-rate sweep through AsyncEngine, reuse on vs off"),
+    "kernels": ("bench.kernels", "Triton kernels vs torch SDPA (GPU; CPU dry run)"),
+    "gateway": ("bench.gateway", "gateway + limiter overhead vs AsyncEngine directly"),
+}
+
+
+def _usage() -> str:
+    width = max(len(name) for name in BENCHMARKS)
+    lines = ["usage: kvgate bench <name> [options]", "", "benchmarks:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in BENCHMARKS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = list(argv[1:])  # argv[0] is "bench"
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    name = args[0]
+    if name not in BENCHMARKS:
+        print(f"kvgate bench: unknown benchmark {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(BENCHMARKS[name][0])
+    return int(module.main(args[1:]) or 0)
