@@ -26,6 +26,9 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     block_size: int
+    # Leading block ids identical in every row AND inside every request's cached context
+    # (<= min(context_lens) // block_size): the shared prefix a cascade kernel may read once.
+    num_shared_blocks: int = 0
 
     @property
     def num_seqs(self) -> int:
