@@ -1,0 +1,82 @@
+"""Shared limiter: one EVALSHA of ``script.GCRA_LUA`` per admission and one per release.
+
+Exact across replicas because the whole decision (read TATs, check, write) runs inside Redis as
+one script with the server's clock. The script is sent by SHA; after a Redis restart or SCRIPT
+FLUSH the NOSCRIPT error falls back to EVAL with the source, which also caches it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
+from redis.retry import Retry
+
+from gateway.ratelimit.script import GCRA_LUA
+from gateway.ratelimit.types import REASONS, Decision, Lease, Limits, Quota
+
+
+def make_client(url: str, timeout_s: float) -> aioredis.Redis:
+    """A client that fails fast: no retries, short timeouts (the fallback takes over instead)."""
+    return aioredis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+    )
+
+
+class RedisLimiter:
+    backend = "redis"
+
+    def __init__(self, client: aioredis.Redis, prefix: str, lease_ttl_s: float = 600.0) -> None:
+        self.client = client
+        self.prefix = prefix
+        self._ttl_ms = int(lease_ttl_s * 1000)
+        self._script = GCRA_LUA
+        self._sha = hashlib.sha1(self._script.encode()).hexdigest()
+
+    def keys(self, tenant: str) -> list[str]:
+        # The hash tag keeps one tenant's keys in one cluster slot (a script needs that).
+        base = f"{self.prefix}rl:{{{tenant}}}"
+        return [f"{base}:rpm", f"{base}:tpm", f"{base}:leases"]
+
+    async def _run(self, keys: list[str], args: list[object]) -> list[int]:
+        try:
+            return await self.client.evalsha(self._sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self.client.eval(self._script, len(keys), *keys, *args)
+
+    async def acquire(self, tenant: str, limits: Limits, tokens: int) -> Decision:
+        lease_id = uuid.uuid4().hex
+        args: list[object] = ["acquire", limits.rpm, limits.tpm, limits.max_concurrency]
+        args += [tokens, lease_id, self._ttl_ms]
+        res = await self._run(self.keys(tenant), args)
+        allowed, reason, rpm_rem, rpm_reset, tpm_rem, tpm_reset, retry = (int(x) for x in res)
+        return Decision(
+            allowed=bool(allowed),
+            reason=REASONS[reason],
+            requests=Quota(limits.rpm, rpm_rem, rpm_reset) if limits.rpm else None,
+            tokens=Quota(limits.tpm, tpm_rem, tpm_reset) if limits.tpm else None,
+            retry_after_ms=float(retry),
+            lease=Lease(tenant, lease_id, limits, tokens, self.backend) if allowed else None,
+        )
+
+    async def release(self, lease: Lease, used_tokens: int) -> None:
+        lim = lease.limits
+        args: list[object] = ["release", lim.rpm, lim.tpm, lim.max_concurrency]
+        args += [lease.reserved_tokens, lease.lease_id, used_tokens]
+        await self._run(self.keys(lease.tenant), args)
+
+    async def active_leases(self, tenant: str) -> int:
+        return int(await self.client.zcard(self.keys(tenant)[2]))
+
+    async def ping(self) -> bool:
+        return bool(await self.client.ping())
+
+    async def close(self) -> None:
+        await self.client.aclose()

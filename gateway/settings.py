@@ -1,0 +1,274 @@
+"""Gateway configuration: ``KVGATE_*`` environment variables over an optional TOML file.
+
+Every variable is declared once in ``VARIABLES`` (name, parser, default, meaning); the frozen
+per-component settings read only from the merged source. Precedence: environment > TOML file
+(``KVGATE_CONFIG``) > default. In the TOML file a variable is written without the prefix, lower
+case (``redis_url = "redis://..."``), at top level or in any table. A bad value fails start-up with
+a ``SettingsError`` naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PREFIX = "KVGATE_"
+
+
+class SettingsError(ValueError):
+    """A configuration value is invalid; the message names the variable."""
+
+
+def _str(raw: str) -> str:
+    return raw
+
+
+def _opt_str(raw: str) -> str | None:
+    return raw or None
+
+
+def _int(raw: str) -> int:
+    return int(raw)
+
+
+def _opt_int(raw: str) -> int | None:
+    return int(raw) if raw else None
+
+
+def _port(raw: str) -> int:
+    value = int(raw)
+    if not 0 <= value <= 65535:
+        raise ValueError("must be in 0..65535")
+    return value
+
+
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if value <= 0:
+        raise ValueError("must be > 0")
+    return value
+
+
+def _fraction(raw: str) -> float:
+    value = float(raw)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("must be in [0, 1]")
+    return value
+
+
+def _bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true/false")
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return raw
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str  # full name, e.g. KVGATE_PORT
+    parse: Callable[[str], Any]
+    default: str  # as text, parsed like any other value
+    meaning: str
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("KVGATE_CONFIG", _opt_str, "", "optional TOML file with any of these variables"),
+    Variable("KVGATE_HOST", _str, "127.0.0.1", "listen address of `kvgate serve`"),
+    Variable("KVGATE_PORT", _port, "8000", "listen port of `kvgate serve`"),
+    Variable("KVGATE_VAR_DIR", _str, "var", "embedded state: SQLite file, demo model"),
+    Variable(
+        "KVGATE_SHUTDOWN_TIMEOUT_S", _positive_float, "10", "graceful shutdown: streams may finish"
+    ),
+    Variable("KVGATE_MAX_BODY_BYTES", _int, "1048576", "largest accepted request body"),
+    Variable("KVGATE_MODEL", _opt_str, "", "HF model directory; unset: demo model under var/"),
+    Variable("KVGATE_MODEL_NAME", _opt_str, "", "model id served by /v1/models; unset: dir name"),
+    Variable("KVGATE_BLOCK_SIZE", _int, "16", "KV cache block size (tokens)"),
+    Variable("KVGATE_KV_CACHE_BYTES", _opt_int, "", "KV cache budget; unset: from device memory"),
+    Variable("KVGATE_PIN_CAP_FRACTION", _fraction, "0.5", "share of KV blocks pins may take"),
+    Variable("KVGATE_DEVICE", _str, "auto", "engine device: auto, cpu, cuda, cuda:N"),
+    Variable("KVGATE_DTYPE", _choice("auto", "float32", "bfloat16", "float16"), "auto", "dtype"),
+    Variable("KVGATE_MAX_NUM_SEQS", _int, "256", "engine: most running requests"),
+    Variable("KVGATE_DEFAULT_MAX_TOKENS", _int, "256", "max_tokens when a request gives none"),
+    Variable("KVGATE_REDIS_URL", _opt_str, "", "Redis for rate limits; unset: in-process limiter"),
+    Variable("KVGATE_REDIS_PREFIX", _str, "kvgate:", "prefix of every Redis key the gateway uses"),
+    Variable(
+        "KVGATE_RATELIMIT_FAIL_MODE",
+        _choice("open", "closed"),
+        "open",
+        "Redis unreachable: open = in-process limiter, closed = 503",
+    ),
+    Variable("KVGATE_REDIS_TIMEOUT_S", _positive_float, "0.25", "Redis connect/command timeout"),
+    Variable(
+        "KVGATE_REDIS_RETRY_S", _positive_float, "1.0", "while failed over: Redis retry interval"
+    ),
+    Variable("KVGATE_LEASE_TTL_S", _positive_float, "600", "lease expiry (crash guard)"),
+    Variable("KVGATE_ADMIN_TOKEN", _opt_str, "", "admin bearer token; unset: generated, printed"),
+    Variable("KVGATE_KEY_CACHE_TTL_S", _positive_float, "5", "API key -> tenant cache lifetime"),
+    Variable("KVGATE_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "log level"),
+    Variable("KVGATE_LOG_JSON", _bool, "true", "JSON log lines (false: console format)"),
+    Variable("KVGATE_SERVICE_NAME", _str, "kvgate-gateway", "OTel service.name"),
+)
+_BY_NAME = {v.name: v for v in VARIABLES}
+
+
+def _flatten_toml(data: Mapping[str, Any], out: dict[str, str]) -> None:
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            _flatten_toml(value, out)
+            continue
+        name = PREFIX + key.upper()
+        if name not in _BY_NAME:
+            raise SettingsError(f"KVGATE_CONFIG: unknown setting {key!r}")
+        out[name] = str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def load_source(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Merged raw values: defaults < TOML file < environment (only KVGATE_* and OTEL_* names)."""
+    env = os.environ if env is None else env
+    merged = {v.name: v.default for v in VARIABLES}
+    path = env.get("KVGATE_CONFIG")
+    if path:
+        try:
+            with Path(path).open("rb") as fh:
+                _flatten_toml(tomllib.load(fh), merged)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SettingsError(f"KVGATE_CONFIG: cannot read {path}: {exc}") from exc
+    merged.update({k: v for k, v in env.items() if k.startswith((PREFIX, "OTEL_"))})
+    return merged
+
+
+def value(source: Mapping[str, str], name: str) -> Any:
+    var = _BY_NAME[name]
+    raw = source.get(name, var.default)
+    try:
+        return var.parse(raw.strip())
+    except ValueError as exc:
+        raise SettingsError(f"{name}: invalid value {raw!r} ({exc})") from None
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str
+    port: int
+    var_dir: Path
+    shutdown_timeout_s: float
+    max_body_bytes: int
+
+    @classmethod
+    def from_source(cls, src: Mapping[str, str]) -> ServerSettings:
+        return cls(
+            host=value(src, "KVGATE_HOST"),
+            port=value(src, "KVGATE_PORT"),
+            var_dir=Path(value(src, "KVGATE_VAR_DIR")),
+            shutdown_timeout_s=value(src, "KVGATE_SHUTDOWN_TIMEOUT_S"),
+            max_body_bytes=value(src, "KVGATE_MAX_BODY_BYTES"),
+        )
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    path: str | None  # None: the demo model, generated under var_dir on first start
+    name: str | None
+    block_size: int
+    kv_cache_bytes: int | None
+    pin_cap_fraction: float
+    device: str
+    dtype: str
+    max_num_seqs: int
+    default_max_tokens: int
+
+    @classmethod
+    def from_source(cls, src: Mapping[str, str]) -> ModelSettings:
+        default_max = value(src, "KVGATE_DEFAULT_MAX_TOKENS")
+        if default_max < 1:
+            raise SettingsError(f"KVGATE_DEFAULT_MAX_TOKENS: must be >= 1, got {default_max}")
+        return cls(
+            path=value(src, "KVGATE_MODEL"),
+            name=value(src, "KVGATE_MODEL_NAME"),
+            block_size=value(src, "KVGATE_BLOCK_SIZE"),
+            kv_cache_bytes=value(src, "KVGATE_KV_CACHE_BYTES"),
+            pin_cap_fraction=value(src, "KVGATE_PIN_CAP_FRACTION"),
+            device=value(src, "KVGATE_DEVICE"),
+            dtype=value(src, "KVGATE_DTYPE"),
+            max_num_seqs=value(src, "KVGATE_MAX_NUM_SEQS"),
+            default_max_tokens=default_max,
+        )
+
+    def engine_overrides(self) -> dict[str, Any]:
+        """Keyword overrides for ``AsyncEngine.from_pretrained`` (EngineConfig fields)."""
+        out: dict[str, Any] = {
+            "block_size": self.block_size,
+            "pin_cap_fraction": self.pin_cap_fraction,
+            "device": self.device,
+            "dtype": self.dtype,
+            "max_num_seqs": self.max_num_seqs,
+        }
+        if self.kv_cache_bytes is not None:
+            out["kv_cache_bytes"] = self.kv_cache_bytes
+        return out
+
+
+@dataclass(frozen=True)
+class RateLimitSettings:
+    redis_url: str | None
+    redis_prefix: str
+    fail_open: bool
+    redis_timeout_s: float
+    redis_retry_s: float
+    lease_ttl_s: float
+
+    @classmethod
+    def from_source(cls, src: Mapping[str, str]) -> RateLimitSettings:
+        return cls(
+            redis_url=value(src, "KVGATE_REDIS_URL"),
+            redis_prefix=value(src, "KVGATE_REDIS_PREFIX"),
+            fail_open=value(src, "KVGATE_RATELIMIT_FAIL_MODE") == "open",
+            redis_timeout_s=value(src, "KVGATE_REDIS_TIMEOUT_S"),
+            redis_retry_s=value(src, "KVGATE_REDIS_RETRY_S"),
+            lease_ttl_s=value(src, "KVGATE_LEASE_TTL_S"),
+        )
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    admin_token: str | None
+    key_cache_ttl_s: float
+
+    @classmethod
+    def from_source(cls, src: Mapping[str, str]) -> AuthSettings:
+        return cls(
+            admin_token=value(src, "KVGATE_ADMIN_TOKEN"),
+            key_cache_ttl_s=value(src, "KVGATE_KEY_CACHE_TTL_S"),
+        )
+
+
+@dataclass(frozen=True)
+class TelemetrySettings:
+    log_level: str
+    log_json: bool
+    service_name: str
+    otlp_endpoint: str | None  # OTEL_EXPORTER_OTLP_ENDPOINT (the standard OTel name)
+
+    @classmethod
+    def from_source(cls, src: Mapping[str, str]) -> TelemetrySettings:
+        return cls(
+            log_level=value(src, "KVGATE_LOG_LEVEL"),
+            log_json=value(src, "KVGATE_LOG_JSON"),
+            service_name=value(src, "KVGATE_SERVICE_NAME"),
+            otlp_endpoint=src.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
+        )

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from tests.gateway.redis_server import RedisServer
+
+SHARED_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def redis_prefix() -> str:
+    return f"kvgate-test-{uuid.uuid4().hex[:12]}:"
+
+
+@pytest.fixture
+async def shared_redis(redis_prefix: str) -> AsyncIterator[aioredis.Redis]:
+    """The machine's Redis; every key this test writes is under ``redis_prefix`` and removed."""
+    client = aioredis.Redis.from_url(SHARED_REDIS_URL)
+    yield client
+    keys = [k async for k in client.scan_iter(match=f"{redis_prefix}*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
