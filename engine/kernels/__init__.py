@@ -1,0 +1,62 @@
+"""The one dispatch point for paged-KV ops: CPU tensors -> torch reference, CUDA -> Triton.
+
+```python
+store_kv(key, value, k_cache, v_cache, slot_mapping)       # key/value [T, Hkv, D]
+paged_attention(q, k_cache, v_cache, meta, scale) -> out   # q/out [T, Hq, D]
+```
+The Triton kernels are imported only when a CUDA tensor arrives (no import-time side effects, and
+CPU-only installs never touch Triton). Until ``engine/kernels/triton`` provides them, CUDA tensors
+use the reference ops too (they are device-agnostic torch code).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+import torch
+
+from engine.kernels import reference
+from engine.kernels.metadata import AttentionMetadata
+
+__all__ = ["AttentionMetadata", "paged_attention", "store_kv"]
+
+
+@cache
+def _cuda_ops() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(store_kv, paged_attention) for CUDA tensors."""
+    try:
+        from engine.kernels import triton as triton_ops  # type: ignore[attr-defined]
+    except ImportError:
+        return reference.store_kv, reference.paged_attention
+    store = getattr(triton_ops, "store_kv", None) or reference.store_kv
+    attend = getattr(triton_ops, "paged_attention", None) or reference.paged_attention
+    return store, attend
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write new K/V [T, Hkv, D] into their cache slots (flat ``block_id * block_size + off``)."""
+    if key.is_cuda:
+        _cuda_ops()[0](key, value, k_cache, v_cache, slot_mapping)
+    else:
+        reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of q [T, Hq, D] through the block tables; returns [T, Hq, D]."""
+    if q.is_cuda:
+        return _cuda_ops()[1](q, k_cache, v_cache, meta, scale)
+    return reference.paged_attention(q, k_cache, v_cache, meta, scale)

@@ -1,0 +1,105 @@
+"""Torch reference ops for the paged KV cache (the CPU path, and the ground truth for kernels).
+
+Layout (see ``engine/kernels/metadata.py``)::
+
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+    slot = block_id * block_size + offset   ->   k_cache.view(-1, Hkv, D)[slot]
+
+Attention reads every K/V through the block table, including the new tokens of this step, which
+``store_kv`` has written first; so a request may read blocks that another request of the same
+batch wrote in this very layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.kernels.metadata import AttentionMetadata
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write key/value [T, Hkv, D] into the flat slots ``slot_mapping`` [T] of the caches."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+
+
+def _gather(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
+    """[length, Hkv, D] of one request's K or V, read through its block ids."""
+    return cache.index_select(0, blocks).flatten(0, 1)[:length]
+
+
+def _attend_one(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int, scale: float
+) -> torch.Tensor:
+    """q [n, Hq, D] at positions context_len.., k/v [S, Hkv, D] with S = context_len + n."""
+    n, s = q.shape[0], k.shape[0]
+    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    if context_len == 0 or n == 1:
+        # Fresh prompt: plain causal. One query at the end: it sees everything.
+        out = F.scaled_dot_product_attention(
+            qh, kh, vh, is_causal=context_len == 0 and n > 1, scale=scale, enable_gqa=True
+        )
+    else:
+        # Query row i sits at absolute position context_len + i and sees keys j <= that.
+        rows = torch.arange(n, device=q.device).unsqueeze(1) + context_len
+        mask = torch.arange(s, device=q.device).unsqueeze(0) <= rows
+        out = F.scaled_dot_product_attention(
+            qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True
+        )
+    return out.transpose(0, 1)
+
+
+def _decode_batched(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """One query per request: gather all block tables at once and mask the padding."""
+    bs = meta.block_size
+    nb = (meta.max_seq_len + bs - 1) // bs
+    tables = meta.block_tables[:, :nb].long()  # [B, nb]
+    b = tables.shape[0]
+    k = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, nb*bs, D]
+    v = v_cache[tables].flatten(1, 2).transpose(1, 2)
+    keys = torch.arange(nb * bs, device=q.device)
+    mask = (keys.unsqueeze(0) < meta.seq_lens.unsqueeze(1)).view(b, 1, 1, nb * bs)
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True
+    )  # [B, Hq, 1, D]
+    return out.squeeze(2)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of q [T, Hq, D] over each request's cached + new K/V; returns [T, Hq, D]."""
+    if meta.is_decode_only and meta.num_seqs > 1:
+        return _decode_batched(q, k_cache, v_cache, meta, scale)
+    out = torch.empty_like(q)
+    starts = meta.query_start_loc.tolist()
+    contexts = meta.context_lens.tolist()
+    seq_lens = meta.seq_lens.tolist()
+    bs = meta.block_size
+    for i, (ctx, seq_len) in enumerate(zip(contexts, seq_lens, strict=True)):
+        lo, hi = starts[i], starts[i + 1]
+        if hi == lo:
+            continue
+        blocks = meta.block_tables[i, : (seq_len + bs - 1) // bs].long()
+        k = _gather(k_cache, blocks, seq_len)
+        v = _gather(v_cache, blocks, seq_len)
+        out[lo:hi] = _attend_one(q[lo:hi], k, v, ctx, scale)
+    return out
