@@ -1,0 +1,149 @@
+"""Tenant change events: an in-process bus, optionally bridged to Redis pub/sub.
+
+Events are published only after their transaction commits, so a listener that re-reads the
+database sees the change. Listener failures are logged and never reach the publisher.
+
+Replicas: ``RedisEventBridge`` forwards locally published events to a Redis channel and delivers
+events from other replicas to the local bus (each message carries its origin id, so a replica
+never re-delivers its own events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+ChangeKind = Literal["created", "updated", "prompt", "limits", "keys", "deleted"]
+CHANGE_KINDS: tuple[str, ...] = ("created", "updated", "prompt", "limits", "keys", "deleted")
+
+
+@dataclass(frozen=True)
+class TenantChanged:
+    tenant_id: str
+    kind: ChangeKind
+    prompt_version: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TenantChanged:
+        kind = data["kind"]
+        if kind not in CHANGE_KINDS:
+            raise ValueError(f"unknown change kind {kind!r}")
+        version = data.get("prompt_version")
+        return cls(
+            tenant_id=str(data["tenant_id"]),
+            kind=kind,
+            prompt_version=None if version is None else int(version),
+        )
+
+
+Listener = Callable[[TenantChanged], Awaitable[None]]
+
+
+class EventBus:
+    """In-process fan-out of ``TenantChanged`` to async listeners, in subscription order."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Listener] = []
+        self._forwarders: list[Listener] = []
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Add a listener; returns a function that removes it."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def add_forwarder(self, forwarder: Listener) -> Callable[[], None]:
+        """Forwarders see only locally published events (used by the Redis bridge)."""
+        self._forwarders.append(forwarder)
+        return lambda: self._forwarders.remove(forwarder)
+
+    async def publish(self, event: TenantChanged) -> None:
+        """A change made by this process: local listeners, then forwarders."""
+        await self.deliver(event)
+        for forwarder in list(self._forwarders):
+            await _call(forwarder, event)
+
+    async def deliver(self, event: TenantChanged) -> None:
+        """A change to announce to local listeners only (e.g. received from another replica)."""
+        for listener in list(self._listeners):
+            await _call(listener, event)
+
+
+async def _call(listener: Listener, event: TenantChanged) -> None:
+    try:
+        await listener(event)
+    except Exception:
+        log.exception("tenant_event_listener_failed", tenant=event.tenant_id, kind=event.kind)
+
+
+class RedisEventBridge:
+    """Bridges an ``EventBus`` to a Redis pub/sub channel (``redis.asyncio`` client)."""
+
+    def __init__(self, bus: EventBus, redis: Any, channel: str) -> None:
+        self._bus = bus
+        self._redis = redis
+        self.channel = channel
+        self.origin = secrets.token_hex(8)
+        self._task: asyncio.Task[None] | None = None
+        self._remove_forwarder: Callable[[], None] | None = None
+
+    @classmethod
+    def from_url(cls, bus: EventBus, url: str, channel: str) -> RedisEventBridge:
+        import redis.asyncio as aioredis
+
+        return cls(bus, aioredis.from_url(url), channel)
+
+    async def start(self) -> None:
+        """Subscribe, then begin forwarding; returns once the subscription is active."""
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(self.channel)
+        self._task = asyncio.create_task(self._listen(pubsub))
+        self._remove_forwarder = self._bus.add_forwarder(self.send)
+
+    async def send(self, event: TenantChanged) -> None:
+        message = json.dumps({"origin": self.origin, "event": event.to_json()})
+        await self._redis.publish(self.channel, message)
+
+    async def _listen(self, pubsub: Any) -> None:
+        try:
+            async for message in pubsub.listen():
+                if message.get("type") != "message":
+                    continue
+                await self._handle(message["data"])
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    async def _handle(self, raw: bytes | str) -> None:
+        try:
+            payload = json.loads(raw)
+            if payload.get("origin") == self.origin:
+                return
+            event = TenantChanged.from_json(payload["event"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("tenant_event_malformed", channel=self.channel)
+            return
+        await self._bus.deliver(event)
+
+    async def aclose(self, *, close_client: bool = True) -> None:
+        if self._remove_forwarder is not None:
+            self._remove_forwarder()
+            self._remove_forwarder = None
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if close_client:
+            await self._redis.aclose()

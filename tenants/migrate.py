@@ -1,0 +1,86 @@
+"""Schema migrations from code: upgrade to head, and the start-up schema check.
+
+Alembic is configured here, not from alembic.ini: ``script_location`` is the ``migrations``
+package directory, so it works from any working directory. Migrations run on a connection of
+the caller's async engine (``run_sync``), so these helpers work inside a running event loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tenants.db import is_unavailable, make_engine, unavailable
+from tenants.errors import SchemaOutdated
+
+
+def alembic_config() -> Config:
+    import migrations
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    return cfg
+
+
+def head_revisions() -> set[str]:
+    return set(ScriptDirectory.from_config(alembic_config()).get_heads())
+
+
+def _run(connection: Connection, op: str, target: str) -> None:
+    cfg = alembic_config()
+    cfg.attributes["connection"] = connection
+    getattr(command, op)(cfg, target)
+
+
+async def migrate_engine(engine: AsyncEngine, op: str = "upgrade", target: str = "head") -> None:
+    """Run ``alembic <op> <target>`` (op: upgrade | downgrade) in one transaction."""
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(_run, op, target)
+    except Exception as exc:
+        if is_unavailable(exc):
+            raise unavailable(exc) from exc
+        raise
+
+
+async def upgrade_to_head(url: str) -> None:
+    """Bring the database at ``url`` to the newest schema (used by ``kvgate migrate`` and by the
+    embedded SQLite default, which migrates itself on first start)."""
+    engine = make_engine(url)
+    try:
+        await migrate_engine(engine, "upgrade", "head")
+    finally:
+        await engine.dispose()
+
+
+async def current_revisions(engine: AsyncEngine) -> set[str]:
+    async with engine.connect() as conn:
+        heads = await conn.run_sync(lambda c: MigrationContext.configure(c).get_current_heads())
+    return set(heads)
+
+
+async def schema_is_current(engine: AsyncEngine) -> bool:
+    return await current_revisions(engine) == head_revisions()
+
+
+async def check_schema(engine: AsyncEngine) -> None:
+    """Raise ``SchemaOutdated`` (message says to run ``kvgate migrate``) unless at head."""
+    try:
+        current = await current_revisions(engine)
+    except Exception as exc:
+        if is_unavailable(exc):
+            raise unavailable(exc) from exc
+        raise
+    expected = head_revisions()
+    if current != expected:
+        have = ", ".join(sorted(current)) or "empty (no schema)"
+        raise SchemaOutdated(
+            f"tenant database schema is at {have}; this version needs "
+            f"{', '.join(sorted(expected))}: run `kvgate migrate`"
+        )

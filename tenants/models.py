@@ -1,0 +1,131 @@
+"""SQLAlchemy models: the schema of the tenant store (created by migrations, never create_all).
+
+Invariants:
+- ``tenants.active_prompt_version`` is the one active system prompt of a tenant; it is NULL
+  (no prompt) or equals the highest ``system_prompts.version`` of that tenant. Set-prompt bumps
+  it with a single ``UPDATE ... RETURNING`` (a row lock on PostgreSQL, the write lock on SQLite),
+  so concurrent updates serialize and versions stay 1, 2, 3, ... without gaps or duplicates.
+- ``api_keys`` holds the public prefix and the SHA-256 of the full key, never the key itself.
+- ``tenants.cache_salt`` is a secret engine namespace; no API response or log contains it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+TENANT_STATUSES = ("active", "suspended", "deleted")
+KEY_KINDS = ("server", "widget")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite returns naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY.
+BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    __table_args__ = (
+        CheckConstraint("status IN ('active', 'suspended', 'deleted')", name="ck_tenants_status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(63), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), default="active")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    cache_salt: Mapped[str] = mapped_column(String(64))
+    allow_client_system: Mapped[bool] = mapped_column(Boolean, default=True)
+    active_prompt_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_output_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    __table_args__ = (
+        CheckConstraint("kind IN ('server', 'widget')", name="ck_api_keys_kind"),
+        Index("ix_api_keys_tenant_id", "tenant_id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))
+    prefix: Mapped[str] = mapped_column(String(32), unique=True)
+    secret_sha256: Mapped[str] = mapped_column(String(64))
+    allowed_origins: Mapped[list[str]] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class SystemPrompt(Base):
+    __tablename__ = "system_prompts"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    text: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(200))
+
+
+class AuditLog(Base):
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_log_tenant_id_id", "tenant_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    actor: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(64))
+    # Not a foreign key: audit rows outlive anything they describe.
+    tenant_id: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+ALL_TABLES = ("audit_log", "system_prompts", "api_keys", "tenants")

@@ -1,0 +1,103 @@
+"""Read paths the gateway calls per request and at start-up (each takes an ``AsyncSession``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import Select, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from tenants.keys import key_matches, key_prefix
+from tenants.models import ApiKey, SystemPrompt, Tenant
+from tenants.settings import DEFAULT_LIMITS, Limits
+
+
+@dataclass(frozen=True)
+class KeyIdentity:
+    tenant_id: str
+    key_id: str
+    kind: str  # "server" | "widget"
+    allowed_origins: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TenantRuntime:
+    """Everything the request path needs about a tenant. ``limits`` are resolved (no None)."""
+
+    tenant_id: str
+    status: str
+    cache_salt: str = field(repr=False)  # secret engine namespace: never log or return it
+    prompt_version: int | None
+    prompt_text: str | None = field(repr=False)
+    limits: Limits
+    allow_client_system: bool
+
+
+async def authenticate_key(session: AsyncSession, secret: str) -> KeyIdentity | None:
+    """Identity of a presented key, or None when malformed, unknown, revoked, or the tenant is
+    deleted. Suspended tenants still authenticate: the caller decides (via the runtime status)."""
+    prefix = key_prefix(secret)
+    if prefix is None:
+        return None
+    row = (
+        await session.execute(
+            select(ApiKey, Tenant.status)
+            .join(Tenant, Tenant.id == ApiKey.tenant_id)
+            .where(ApiKey.prefix == prefix)
+        )
+    ).first()
+    if row is None:
+        return None
+    key, status = row
+    # Compare before any other check so the timing does not depend on revocation state.
+    if not key_matches(secret, key.secret_sha256):
+        return None
+    if key.revoked_at is not None or status == "deleted":
+        return None
+    return KeyIdentity(
+        tenant_id=key.tenant_id,
+        key_id=key.id,
+        kind=key.kind,
+        allowed_origins=tuple(key.allowed_origins or ()),
+    )
+
+
+def _runtime(tenant: Tenant, prompt_text: str | None, defaults: Limits) -> TenantRuntime:
+    raw = Limits(tenant.rpm, tenant.tpm, tenant.max_concurrency, tenant.max_output_tokens)
+    return TenantRuntime(
+        tenant_id=tenant.id,
+        status=tenant.status,
+        cache_salt=tenant.cache_salt,
+        prompt_version=tenant.active_prompt_version,
+        prompt_text=prompt_text,
+        limits=raw.resolve(defaults),
+        allow_client_system=tenant.allow_client_system,
+    )
+
+
+def _with_prompt() -> Select[tuple[Tenant, str | None]]:
+    return select(Tenant, SystemPrompt.text).outerjoin(
+        SystemPrompt,
+        (SystemPrompt.tenant_id == Tenant.id)
+        & (SystemPrompt.version == Tenant.active_prompt_version),
+    )
+
+
+async def get_tenant_runtime(
+    session: AsyncSession, tenant_id: str, defaults: Limits = DEFAULT_LIMITS
+) -> TenantRuntime | None:
+    """The tenant's runtime view in any status (the caller rejects non-active), or None."""
+    row = (await session.execute(_with_prompt().where(Tenant.id == tenant_id))).first()
+    if row is None:
+        return None
+    return _runtime(row[0], row[1], defaults)
+
+
+async def list_active_runtimes(
+    session: AsyncSession, defaults: Limits = DEFAULT_LIMITS
+) -> list[TenantRuntime]:
+    """Runtime views of every active tenant, ordered by id (for pinning at start-up)."""
+    rows = await session.execute(
+        _with_prompt().where(Tenant.status == "active").order_by(Tenant.id)
+    )
+    return [_runtime(t, text, defaults) for t, text in rows]

@@ -1,0 +1,165 @@
+"""Pydantic request/response schemas of the admin API (extra fields are rejected).
+
+Responses never include ``cache_salt``, key hashes or keys, except ``KeyCreated.key`` once.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tenants.errors import InvalidField
+
+# DNS-label-like slug: 2..63 chars of [a-z0-9-], starting and ending with a letter or digit.
+TENANT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,61}[a-z0-9]$")
+MAX_PROMPT_CHARS = 200_000
+_ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
+
+
+def validate_tenant_id(value: str) -> str:
+    if not TENANT_ID_RE.match(value):
+        raise InvalidField(
+            "tenant id must be 2-63 characters of lowercase letters, digits and hyphens, "
+            "starting and ending with a letter or digit",
+            param="id",
+        )
+    return value
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+
+
+class LimitsIn(_In):
+    rpm: int | None = Field(default=None, ge=1)
+    tpm: int | None = Field(default=None, ge=1)
+    max_concurrency: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+
+
+class TenantCreate(_In):
+    id: str
+    name: str = Field(min_length=1, max_length=200)
+    system_prompt: str | None = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHARS)
+    limits: LimitsIn | None = None
+    allow_client_system: bool = True
+
+    @field_validator("id")
+    @classmethod
+    def _slug(cls, value: str) -> str:
+        if not TENANT_ID_RE.match(value):
+            raise ValueError(
+                "must be 2-63 characters of a-z, 0-9 and '-', not starting or ending with '-'"
+            )
+        return value
+
+
+class TenantPatch(_In):
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    status: Literal["active", "suspended"] | None = None
+    allow_client_system: bool | None = None
+
+
+class PromptSet(_In):
+    text: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+
+
+class KeyCreate(_In):
+    kind: Literal["server", "widget"]
+    allowed_origins: list[str] = Field(default_factory=list, max_length=50)
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            if not _ORIGIN_RE.match(origin):
+                raise ValueError(f"{origin!r} is not an origin like https://example.com")
+        return value
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class LimitsOut(_Out):
+    rpm: int | None
+    tpm: int | None
+    max_concurrency: int | None
+    max_output_tokens: int | None
+
+
+class KeyOut(_Out):
+    id: str
+    kind: str
+    prefix: str
+    allowed_origins: list[str]
+    created_at: datetime
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+class KeyCreated(_Out):
+    id: str
+    kind: str
+    prefix: str
+    allowed_origins: list[str]
+    key: str  # the only time the key is ever returned
+
+
+class TenantOut(_Out):
+    id: str
+    name: str
+    status: str
+    created_at: datetime
+    updated_at: datetime
+    allow_client_system: bool
+    prompt_version: int | None
+    limits: LimitsOut
+    keys: list[KeyOut] | None = None
+
+
+class PromptOut(_Out):
+    version: int
+    text: str
+    sha256: str
+    created_at: datetime
+    created_by: str
+    active: bool
+
+
+class AuditOut(_Out):
+    id: int
+    actor: str
+    action: str
+    tenant_id: str | None
+    at: datetime
+    details: dict[str, Any]
+
+
+class TenantPage(_Out):
+    data: list[TenantOut]
+    next_cursor: str | None
+
+
+class AuditPage(_Out):
+    data: list[AuditOut]
+    next_cursor: str | None
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse(model: type[M], data: Any) -> M:
+    """Validate ``data``; the first error becomes ``InvalidField`` naming the dotted field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        msg = first["msg"]
+        if first["type"] == "extra_forbidden":
+            msg = "unknown field"
+        raise InvalidField(f"{param or 'body'}: {msg}", param=param) from None

@@ -1,0 +1,167 @@
+"""``TenantStore``: one transaction per unit of work, events after commit, DB outages mapped.
+
+The admin API and the CLI go through it; the gateway may too, or call the session-taking
+functions of tenants/runtime.py, tenants/service.py and tenants/queries.py directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from tenants import queries, runtime, service
+from tenants.db import (
+    SessionFactory,
+    is_unavailable,
+    make_engine,
+    make_session_factory,
+    unavailable,
+)
+from tenants.errors import TenantExists, TenantStoreError
+from tenants.events import EventBus, TenantChanged
+from tenants.runtime import KeyIdentity, TenantRuntime
+from tenants.schemas import (
+    AuditPage,
+    KeyCreate,
+    KeyCreated,
+    KeyOut,
+    LimitsIn,
+    PromptOut,
+    TenantCreate,
+    TenantOut,
+    TenantPage,
+    TenantPatch,
+)
+from tenants.settings import DEFAULT_LIMITS, Limits
+
+T = TypeVar("T")
+
+
+class TenantStore:
+    def __init__(
+        self,
+        sessions: SessionFactory,
+        *,
+        bus: EventBus | None = None,
+        default_limits: Limits = DEFAULT_LIMITS,
+        engine: AsyncEngine | None = None,
+    ) -> None:
+        self.sessions = sessions
+        self.bus = bus or EventBus()
+        self.default_limits = default_limits
+        self._engine = engine  # owned (disposed by aclose) only when set
+
+    @classmethod
+    def open(
+        cls, url: str, *, bus: EventBus | None = None, default_limits: Limits = DEFAULT_LIMITS
+    ) -> TenantStore:
+        engine = make_engine(url)
+        return cls(
+            make_session_factory(engine), bus=bus, default_limits=default_limits, engine=engine
+        )
+
+    async def aclose(self) -> None:
+        if self._engine is not None:
+            await self._engine.dispose()
+
+    async def _write(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        """Run ``fn`` in one transaction; nothing is left half-written on any failure."""
+        try:
+            async with self.sessions() as session, session.begin():
+                return await fn(session)
+        except TenantStoreError:
+            raise
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise unavailable(exc) from exc
+            raise
+
+    async def _read(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        try:
+            async with self.sessions() as session:
+                return await fn(session)
+        except TenantStoreError:
+            raise
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise unavailable(exc) from exc
+            raise
+
+    # -- mutations: commit, then announce -------------------------------------------------
+    async def create_tenant(self, data: TenantCreate, *, actor: str) -> TenantOut:
+        try:
+            out = await self._write(lambda s: service.create_tenant(s, data, actor=actor))
+        except IntegrityError as exc:  # lost a race with a concurrent create of the same id
+            raise TenantExists(data.id) from exc
+        await self.bus.publish(TenantChanged(out.id, "created", out.prompt_version))
+        return out
+
+    async def update_tenant(self, tenant_id: str, patch: TenantPatch, *, actor: str) -> TenantOut:
+        out = await self._write(lambda s: service.update_tenant(s, tenant_id, patch, actor=actor))
+        await self.bus.publish(TenantChanged(tenant_id, "updated", out.prompt_version))
+        return out
+
+    async def delete_tenant(self, tenant_id: str, *, actor: str) -> TenantOut:
+        out = await self._write(lambda s: service.delete_tenant(s, tenant_id, actor=actor))
+        await self.bus.publish(TenantChanged(tenant_id, "deleted", None))
+        return out
+
+    async def set_system_prompt(self, tenant_id: str, text: str, *, actor: str) -> int:
+        version = await self._write(
+            lambda s: service.set_system_prompt(s, tenant_id, text, actor=actor)
+        )
+        await self.bus.publish(TenantChanged(tenant_id, "prompt", version))
+        return version
+
+    async def set_limits(self, tenant_id: str, limits: LimitsIn, *, actor: str) -> TenantOut:
+        out = await self._write(lambda s: service.set_limits(s, tenant_id, limits, actor=actor))
+        await self.bus.publish(TenantChanged(tenant_id, "limits", out.prompt_version))
+        return out
+
+    async def create_key(self, tenant_id: str, data: KeyCreate, *, actor: str) -> KeyCreated:
+        out = await self._write(lambda s: service.create_key(s, tenant_id, data, actor=actor))
+        await self.bus.publish(TenantChanged(tenant_id, "keys", None))
+        return out
+
+    async def revoke_key(self, tenant_id: str, key_id: str, *, actor: str) -> KeyOut:
+        out = await self._write(lambda s: service.revoke_key(s, tenant_id, key_id, actor=actor))
+        await self.bus.publish(TenantChanged(tenant_id, "keys", None))
+        return out
+
+    # -- reads ----------------------------------------------------------------------------
+    async def get_tenant(self, tenant_id: str) -> TenantOut:
+        return await self._read(lambda s: queries.get_tenant(s, tenant_id))
+
+    async def list_tenants(
+        self, *, limit: int = 50, cursor: str | None = None, status: str | None = None
+    ) -> TenantPage:
+        return await self._read(
+            lambda s: queries.list_tenants(s, limit=limit, cursor=cursor, status=status)
+        )
+
+    async def list_prompts(self, tenant_id: str) -> list[PromptOut]:
+        return await self._read(lambda s: queries.list_prompts(s, tenant_id))
+
+    async def list_audit(
+        self, *, tenant_id: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> AuditPage:
+        return await self._read(
+            lambda s: queries.list_audit(s, tenant_id=tenant_id, limit=limit, cursor=cursor)
+        )
+
+    async def authenticate_key(self, secret: str) -> KeyIdentity | None:
+        return await self._read(lambda s: runtime.authenticate_key(s, secret))
+
+    async def get_tenant_runtime(self, tenant_id: str) -> TenantRuntime | None:
+        return await self._read(
+            lambda s: runtime.get_tenant_runtime(s, tenant_id, self.default_limits)
+        )
+
+    async def list_active_runtimes(self) -> list[TenantRuntime]:
+        return await self._read(lambda s: runtime.list_active_runtimes(s, self.default_limits))
+
+    async def check_integrity(self) -> None:
+        await self._read(queries.check_store_integrity)
