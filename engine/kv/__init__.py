@@ -1,0 +1,34 @@
+"""Paged KV block pool and prefix cache (pure Python; imports no torch).
+
+Contract with the scheduler: docs/contracts.md, section "engine/kv <-> engine/scheduler.py".
+"""
+
+from __future__ import annotations
+
+from engine.kv.block import BlockState
+from engine.kv.prefix_cache import PrefixCache
+from engine.kv.types import (
+    DEFAULT_PRIORITY,
+    Allocation,
+    CacheListener,
+    CacheStats,
+    Handoff,
+    PinFailure,
+    PinHandle,
+    PrefixMatch,
+    PriorityRange,
+)
+
+__all__ = [
+    "DEFAULT_PRIORITY",
+    "Allocation",
+    "BlockState",
+    "CacheListener",
+    "CacheStats",
+    "Handoff",
+    "PinFailure",
+    "PinHandle",
+    "PrefixCache",
+    "PrefixMatch",
+    "PriorityRange",
+]

@@ -1,0 +1,55 @@
+"""Pinned prefixes: blocks kept resident until unpinned, capped at a share of the pool.
+
+A block's ``pin_count`` counts the live handles covering it; ``num_pinned`` counts blocks with
+``pin_count > 0`` (a block pinned twice counts once against the cap).
+"""
+
+from __future__ import annotations
+
+from engine.kv.block import Block
+from engine.kv.pool import BlockPool
+from engine.kv.types import PinFailure, PinHandle
+
+
+class PinTable:
+    def __init__(self, cap_blocks: int) -> None:
+        self.cap_blocks = cap_blocks
+        self.num_pinned = 0
+        self.handles: dict[int, tuple[Block, ...]] = {}
+        self._next_id = 0
+
+    def pin(
+        self, namespace: str, blocks: list[Block], num_tokens: int, pool: BlockPool
+    ) -> PinHandle | PinFailure:
+        num_new = sum(1 for b in blocks if b.pin_count == 0)
+        if self.num_pinned + num_new > self.cap_blocks:
+            return PinFailure(
+                f"pin cap reached: {self.num_pinned} blocks pinned + {num_new} new "
+                f"> cap {self.cap_blocks}",
+                num_blocks=len(blocks),
+                num_new_blocks=num_new,
+                pinned_blocks=self.num_pinned,
+                cap_blocks=self.cap_blocks,
+            )
+        for block in blocks:
+            if block.pin_count == 0:
+                self.num_pinned += 1
+                if block.ref_count == 0:
+                    pool.unmark_idle(block)
+            block.pin_count += 1
+        self._next_id += 1
+        self.handles[self._next_id] = tuple(blocks)
+        ids = tuple(b.block_id for b in blocks)
+        return PinHandle(self._next_id, namespace, ids, num_tokens)
+
+    def unpin(self, handle: PinHandle, pool: BlockPool, tick: int) -> None:
+        blocks = self.handles.pop(handle.pin_id, None)
+        if blocks is None:
+            return
+        for block in blocks:
+            block.pin_count -= 1
+            if block.pin_count == 0:
+                self.num_pinned -= 1
+                if block.ref_count == 0:
+                    block.last_access = tick
+                    pool.mark_idle(block)

@@ -1,0 +1,432 @@
+"""PrefixCache: paged KV blocks shared by content key, with early reuse of PENDING blocks.
+
+Life of a keyed block::
+
+    allocate (full, key free)      commit covers it           last holder frees it
+    EMPTY ----------------> PENDING ----------------> READY -----------------------> idle
+      ^      owner computes  |  owner freed first:      (shared,    (reclaimable; leaf-first
+      |                      |  heir = earliest other   ref >= 1)    eviction by priority, LRU)
+      +---- dropped ---------+  holder (Handoff), or dropped when nobody else holds it
+      +---- evicted --------------------------------------------------------------- idle
+
+Invariants (``check_integrity``): ref_count == number of requests whose table holds the block;
+a PENDING block's owner is alive and holds it; a READY block's parent is READY; a holder of a
+block holds its whole chain; idle blocks are READY; EMPTY blocks with ref 0 are in the free deque.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.kv.block import Block, BlockState
+from engine.kv.index import KeyIndex, NullIndex
+from engine.kv.integrity import check_integrity
+from engine.kv.pins import PinTable
+from engine.kv.pool import BlockPool
+from engine.kv.request import RequestState
+from engine.kv.types import (
+    DEFAULT_PRIORITY,
+    Allocation,
+    CacheListener,
+    CacheStats,
+    Handoff,
+    PinFailure,
+    PinHandle,
+    PrefixMatch,
+    PriorityRange,
+)
+
+PENDING = BlockState.PENDING
+READY = BlockState.READY
+
+
+class PrefixCache:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_reuse: bool = True,
+        pin_cap_fraction: float = 0.5,
+        default_priority: int = DEFAULT_PRIORITY,
+        listener: CacheListener | None = None,
+    ) -> None:
+        if block_size < 1 or block_size > 64 or block_size & (block_size - 1):
+            raise ValueError(f"block_size must be a power of two in 1..64, got {block_size}")
+        PriorityRange(0, None, default_priority).check()
+        self.block_size = block_size
+        self.default_priority = default_priority
+        self.listener = listener
+        self.pool = BlockPool(num_blocks)
+        self.index: KeyIndex | NullIndex = KeyIndex() if enable_reuse else NullIndex()
+        self.pins = PinTable(int(pin_cap_fraction * num_blocks))
+        self.requests: dict[str, RequestState] = {}
+        self._tick = 0  # logical clock for LRU
+        self._admitted = 0
+        self._num_pending = 0
+        self._num_in_use = 0
+        self._query_tokens = 0
+        self._hit_tokens = 0
+        self._evictions = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_allocatable_blocks(self) -> int:
+        return self.pool.num_allocatable
+
+    # ---------------------------------------------------------------- lookup / admission
+
+    def lookup(self, namespace: str, token_ids: Sequence[int]) -> PrefixMatch:
+        """Longest chain of full cached blocks (READY or PENDING); pure."""
+        cap = max(0, (len(token_ids) - 1) // self.block_size)
+        keys = self.index.keys(self.index.root(namespace), token_ids, self.block_size, 0, cap)
+        return self._as_match(self._match(keys))
+
+    def _match(self, keys: Sequence[bytes | None]) -> list[Block]:
+        get = self.index.get
+        out: list[Block] = []
+        for key in keys:
+            block = get(key)
+            if block is None:
+                break
+            out.append(block)
+        return out
+
+    def _as_match(self, blocks: list[Block]) -> PrefixMatch:
+        return PrefixMatch(
+            tuple(b.block_id for b in blocks),
+            tuple(b.state for b in blocks),
+            tuple(b.owner for b in blocks),
+            self.block_size,
+        )
+
+    def allocate(
+        self,
+        request_id: str,
+        namespace: str,
+        token_ids: Sequence[int],
+        priorities: Sequence[PriorityRange] = (),
+    ) -> Allocation | None:
+        """Admit (first call) or grow a request's block table to cover ``token_ids``."""
+        for rng in priorities:
+            rng.check()
+        seq = self.requests.get(request_id)
+        if seq is None:
+            return self._admit(request_id, namespace, token_ids, tuple(priorities))
+        if seq.namespace != namespace:
+            raise ValueError(f"request {request_id!r} belongs to namespace {seq.namespace!r}")
+        if len(token_ids) < len(seq.tokens):
+            raise ValueError(f"request {request_id!r}: token ids may only grow")
+        if priorities:
+            seq.priorities = tuple(priorities)
+        num_new = -(-len(token_ids) // self.block_size) - len(seq.blocks)
+        if num_new > self.pool.num_allocatable:
+            return None
+        seq.tokens.extend(token_ids[len(seq.tokens) :])
+        self._append_blocks(seq, num_new)
+        num_full = len(seq.tokens) // self.block_size
+        if num_full > len(seq.keys):
+            first = len(seq.keys)
+            parent = seq.keys[-1] if seq.keys else self.index.root(namespace)
+            keys = self.index.keys(parent, seq.tokens, self.block_size, first, num_full)
+            seq.keys.extend(keys)
+            self._register(seq, first, num_full)
+        return Allocation(tuple(seq.block_ids), seq.num_cached_tokens, seq.match)
+
+    def _admit(
+        self,
+        request_id: str,
+        namespace: str,
+        token_ids: Sequence[int],
+        priorities: tuple[PriorityRange, ...],
+    ) -> Allocation | None:
+        bs = self.block_size
+        if not token_ids:
+            raise ValueError(f"request {request_id!r}: empty prompt")
+        num_full = len(token_ids) // bs
+        keys = self.index.keys(self.index.root(namespace), token_ids, bs, 0, num_full)
+        matched = self._match(keys[: (len(token_ids) - 1) // bs])
+        num_new = -(-len(token_ids) // bs) - len(matched)
+        taken_idle = sum(1 for b in matched if b.ref_count == 0 and b.pin_count == 0)
+        if num_new > self.pool.num_allocatable - taken_idle:
+            return None
+        self._admitted += 1
+        self._tick += 1
+        match = self._as_match(matched)
+        seq = RequestState(request_id, namespace, self._admitted, match, priorities)
+        self.requests[request_id] = seq
+        seq.tokens.extend(token_ids)
+        seq.keys = keys
+        for pos, block in enumerate(matched):
+            self._hold(block)
+            block.priority = max(block.priority, self._priority(seq, pos))
+            block.last_access = self._tick
+            seq.blocks.append(block)
+            seq.block_ids.append(block.block_id)
+            if block.state is PENDING and block.owner != request_id:
+                assert block.owner is not None
+                seq.owners.add(block.owner)
+                self.requests[block.owner].dependents[request_id] = None
+        seq.num_attached = len(matched)
+        self._append_blocks(seq, num_new)
+        self._register(seq, len(matched), num_full)
+        self._query_tokens += len(token_ids)
+        self._hit_tokens += match.num_tokens
+        return Allocation(tuple(seq.block_ids), match.num_tokens, match)
+
+    def _priority(self, seq: RequestState, pos: int) -> int:
+        """Max priority of the request's ranges overlapping block ``pos`` (default if none)."""
+        start = pos * self.block_size
+        end = start + self.block_size
+        best = -1
+        for rng in seq.priorities:
+            if rng.start < end and (rng.end is None or rng.end > start) and rng.priority > best:
+                best = rng.priority
+        return self.default_priority if best < 0 else best
+
+    def _append_blocks(self, seq: RequestState, num_new: int) -> None:
+        for _ in range(num_new):
+            block = self.pool.pop_free() or self._evict_one()
+            assert block is not None, "allocatable count out of sync with the pool"
+            block.ref_count = 1
+            self._num_in_use += 1
+            block.priority = self._priority(seq, len(seq.blocks))
+            block.last_access = self._tick
+            seq.blocks.append(block)
+            seq.block_ids.append(block.block_id)
+
+    def _register(self, seq: RequestState, first: int, last: int) -> None:
+        """Register full blocks first..last-1 PENDING under their keys where possible."""
+        blocks, keys, add = seq.blocks, seq.keys, self.index.add
+        for pos in range(first, last):
+            block = blocks[pos]
+            parent = blocks[pos - 1] if pos else None
+            if parent is not None and parent.key is None:
+                return  # a private block ends the registrable chain of this request
+            if not add(keys[pos], block):
+                return
+            block.key = keys[pos]
+            block.state = PENDING
+            block.owner = seq.request_id
+            block.pos = pos
+            block.parent = parent
+            if parent is not None:
+                parent.children.add(block)
+            seq.owned.append(pos)
+            self._num_pending += 1
+
+    def _hold(self, block: Block) -> None:
+        if block.ref_count == 0:
+            self._num_in_use += 1
+            if block.pin_count == 0:
+                self.pool.unmark_idle(block)
+        block.ref_count += 1
+
+    # ---------------------------------------------------------------- progress / early reuse
+
+    def commit(self, request_id: str, num_computed_tokens: int) -> None:
+        """K/V of tokens [0, num_computed_tokens) are written: its covered PENDING blocks READY.
+
+        A block whose parent is still PENDING waits: it turns READY when the parent does (so a
+        READY block's parent is always READY, whatever order the owners commit in).
+        """
+        seq = self.requests[request_id]
+        seq.num_computed = min(num_computed_tokens, len(seq.tokens))
+        bs, owned, blocks = self.block_size, seq.owned, seq.blocks
+        while seq.owned_pos < len(owned):
+            pos = owned[seq.owned_pos]
+            block = blocks[pos]
+            if block.state is PENDING and block.owner == request_id:
+                if (pos + 1) * bs > seq.num_computed:
+                    break
+                if block.parent is not None and block.parent.state is PENDING:
+                    break
+                self._promote(block)
+            seq.owned_pos += 1
+
+    def _promote(self, first: Block) -> None:
+        """``first`` becomes READY, then any PENDING descendants their owners already computed."""
+        stack = [first]
+        bs, requests, listener = self.block_size, self.requests, self.listener
+        while stack:
+            block = stack.pop()
+            owner = requests[block.owner]  # type: ignore[index]
+            block.state = READY
+            block.owner = None
+            self._num_pending -= 1
+            if listener is not None:
+                parent_key = block.parent.key if block.parent is not None else None
+                start = block.pos * bs
+                tokens = tuple(owner.tokens[start : start + bs])
+                listener.on_stored(owner.namespace, block.key, parent_key, tokens)  # type: ignore[arg-type]
+            for child in block.children:
+                if child.state is PENDING:
+                    child_owner = requests[child.owner]  # type: ignore[index]
+                    if child_owner.num_computed >= (child.pos + 1) * bs:
+                        stack.append(child)
+
+    def pending_deps(self, request_id: str) -> dict[str, int]:
+        """Owner id -> token end of the last attached block that owner has not committed."""
+        seq = self.requests[request_id]
+        blocks, end = seq.blocks, seq.num_attached
+        pos = seq.ready_upto
+        while pos < end and blocks[pos].state is READY:
+            pos += 1
+        seq.ready_upto = pos
+        deps: dict[str, int] = {}
+        bs = self.block_size
+        for i in range(pos, end):
+            owner = blocks[i].owner
+            if owner is not None and owner != request_id:
+                deps[owner] = (i + 1) * bs
+        return deps
+
+    # ---------------------------------------------------------------- release
+
+    def free(self, request_id: str) -> list[Handoff]:
+        """Release a finished, aborted or preempted request (unknown ids: no-op)."""
+        seq = self.requests.pop(request_id, None)
+        if seq is None:
+            return []
+        self._tick += 1
+        handed: dict[str, int] = {}
+        blocks = seq.blocks
+        for pos in range(len(blocks) - 1, -1, -1):  # tail first: children before parents
+            block = blocks[pos]
+            block.ref_count -= 1
+            if block.state is PENDING and block.owner == request_id:
+                if block.ref_count > 0:
+                    heir = self._heir(seq, block)
+                    block.owner = heir.request_id
+                    handed[heir.request_id] = pos * self.block_size
+                else:
+                    self._num_in_use -= 1
+                    self._drop(block)
+            elif block.ref_count == 0:
+                self._num_in_use -= 1
+                if block.key is None:
+                    self.pool.push_free(block)
+                elif block.pin_count == 0:
+                    block.last_access = self._tick
+                    self.pool.mark_idle(block)
+        for owner_id in seq.owners:
+            owner = self.requests.get(owner_id)
+            if owner is not None:
+                owner.dependents.pop(request_id, None)
+        for heir_id, from_token in handed.items():
+            self._inherit(self.requests[heir_id], seq, from_token)
+        return [Handoff(heir_id, from_token) for heir_id, from_token in handed.items()]
+
+    def _heir(self, seq: RequestState, block: Block) -> RequestState:
+        """The earliest-admitted other holder of ``block`` (a dependent of its owner)."""
+        best: RequestState | None = None
+        for dep_id in seq.dependents:
+            dep = self.requests.get(dep_id)
+            if (
+                dep is not None
+                and dep.holds(block)
+                and (best is None or dep.admit_order < best.admit_order)
+            ):
+                best = dep
+        assert best is not None, f"{block!r} has holders but none is a dependent of its owner"
+        return best
+
+    def _inherit(self, heir: RequestState, gone: RequestState, from_token: int) -> None:
+        """``heir`` now owns some of ``gone``'s PENDING blocks and recomputes from from_token."""
+        rid = heir.request_id
+        mine = set(heir.owned[heir.owned_pos :])
+        mine.update(pos for pos in range(heir.num_attached) if heir.blocks[pos].owner == rid)
+        heir.owned = sorted(mine)
+        heir.owned_pos = 0
+        heir.num_computed = min(heir.num_computed, from_token)
+        heir.owners.discard(gone.request_id)
+        for dep_id in gone.dependents:
+            dep = self.requests.get(dep_id)
+            if dep is not None and dep is not heir:
+                heir.dependents[dep_id] = None
+                dep.owners.add(rid)
+
+    def _drop(self, block: Block) -> None:
+        """A PENDING block nobody holds any more: unregister it and return it to the free deque."""
+        assert not block.children, f"dropping {block!r} with cached children"
+        self._num_pending -= 1
+        self._unlink(block)
+        self.pool.push_free(block)
+
+    def _unlink(self, block: Block) -> None:
+        self.index.remove(block.key)  # type: ignore[arg-type]
+        parent = block.parent
+        if parent is not None:
+            parent.children.discard(block)
+            if not parent.children and parent.is_idle:
+                self.pool.push_leaf(parent)
+        block.reset()
+
+    # ---------------------------------------------------------------- eviction
+
+    def _evict_one(self) -> Block | None:
+        block = self.pool.pop_leaf()
+        if block is None:
+            return None
+        key = block.key
+        self._unlink(block)
+        self._evictions += 1
+        if self.listener is not None:
+            self.listener.on_removed(key)  # type: ignore[arg-type]
+        return block
+
+    def evict(self, n: int) -> int:
+        """Evict up to ``n`` idle blocks (leaf first, lowest priority, then LRU); returns count."""
+        count = 0
+        while count < n:
+            block = self._evict_one()
+            if block is None:
+                break
+            self.pool.push_free(block)
+            count += 1
+        return count
+
+    # ---------------------------------------------------------------- pins
+
+    def pin(self, namespace: str, token_ids: Sequence[int]) -> PinHandle | PinFailure:
+        """Keep the full blocks of ``token_ids`` (all READY) resident until ``unpin``."""
+        num_full = len(token_ids) // self.block_size
+        if num_full == 0:
+            return PinFailure(f"prefix has no full block (block size {self.block_size})")
+        root = self.index.root(namespace)
+        if root is None:
+            return PinFailure("prefix reuse is disabled", num_full)
+        keys = self.index.keys(root, token_ids, self.block_size, 0, num_full)
+        blocks = self._match(keys)
+        if len(blocks) < num_full:
+            pos = len(blocks)
+            return PinFailure(f"block {pos} (tokens from {pos * self.block_size}) is not cached")
+        for block in blocks:
+            if block.state is not READY:
+                return PinFailure(f"block {block.pos} is still being computed (PENDING)")
+        return self.pins.pin(namespace, blocks, num_full * self.block_size, self.pool)
+
+    def unpin(self, handle: PinHandle) -> None:
+        """Release a pin (idempotent); its blocks fall back to priority/LRU retention."""
+        self._tick += 1
+        self.pins.unpin(handle, self.pool, self._tick)
+
+    # ---------------------------------------------------------------- observation
+
+    def stats(self) -> CacheStats:
+        return CacheStats(
+            blocks_total=self.pool.num_blocks,
+            blocks_free=self.pool.num_allocatable,
+            blocks_cached=len(self.index) - self._num_pending,
+            blocks_in_use=self._num_in_use,
+            blocks_pinned=self.pins.num_pinned,
+            blocks_pending=self._num_pending,
+            query_tokens=self._query_tokens,
+            hit_tokens=self._hit_tokens,
+            evictions=self._evictions,
+        )
+
+    def check_integrity(self) -> None:
+        check_integrity(self)
