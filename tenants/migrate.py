@@ -20,11 +20,19 @@ from tenants.db import is_unavailable, make_engine, unavailable
 from tenants.errors import SchemaOutdated
 
 
-def alembic_config() -> Config:
+def script_location() -> Path:
+    """The ``migrations`` package directory (regular or namespace package, any cwd)."""
     import migrations
 
+    for entry in migrations.__path__:
+        if (Path(entry) / "env.py").is_file():
+            return Path(entry)
+    raise RuntimeError(f"no Alembic env.py found in {list(migrations.__path__)}")
+
+
+def alembic_config() -> Config:
     cfg = Config()
-    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    cfg.set_main_option("script_location", str(script_location()))
     return cfg
 
 

@@ -159,7 +159,7 @@ def parse(model: type[M], data: Any) -> M:
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
-        msg = first["msg"]
+        msg = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             msg = "unknown field"
         raise InvalidField(f"{param or 'body'}: {msg}", param=param) from None

@@ -63,6 +63,12 @@ class TenantStore:
             make_session_factory(engine), bus=bus, default_limits=default_limits, engine=engine
         )
 
+    @property
+    def engine(self) -> AsyncEngine:
+        bind = self.sessions.kw.get("bind")
+        assert isinstance(bind, AsyncEngine), "session factory is not bound to an AsyncEngine"
+        return bind
+
     async def aclose(self) -> None:
         if self._engine is not None:
             await self._engine.dispose()

@@ -1,0 +1,8 @@
+"""The admin API: an aiohttp sub-app mounted at ``ADMIN_PREFIX`` by the gateway."""
+
+from __future__ import annotations
+
+from gateway.admin.app import ADMIN_PREFIX, create_admin_app
+from gateway.admin.context import CacheProvider
+
+__all__ = ["ADMIN_PREFIX", "CacheProvider", "create_admin_app"]

@@ -1,0 +1,62 @@
+"""``create_admin_app``: the admin sub-app; mount it with ``app.add_subapp(ADMIN_PREFIX, sub)``.
+
+Routes (relative to ``ADMIN_PREFIX`` = ``/admin``; see docs of gateway/admin/views.py):
+    POST/GET /v1/tenants, GET/PATCH/DELETE /v1/tenants/{id}, PUT /v1/tenants/{id}/system-prompt,
+    GET /v1/tenants/{id}/system-prompts, POST /v1/tenants/{id}/keys,
+    DELETE /v1/tenants/{id}/keys/{key_id}, PUT /v1/tenants/{id}/limits,
+    GET /v1/tenants/{id}/cache, GET /v1/audit
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.admin import views
+from gateway.admin.auth import admin_auth_middleware
+from gateway.admin.context import ADMIN_CONTEXT, AdminContext, CacheProvider, TokenCounter
+from gateway.errors import error_middleware, register_error
+from tenants import errors as te
+from tenants.store import TenantStore
+
+ADMIN_PREFIX = "/admin"
+
+
+def register_tenant_errors() -> None:
+    """Map tenant-store errors to HTTP (idempotent)."""
+    register_error(te.TenantNotFound, 404, "not_found_error", "tenant_not_found")
+    register_error(te.KeyNotFound, 404, "not_found_error", "key_not_found")
+    register_error(te.TenantExists, 409, "invalid_request_error", "tenant_exists")
+    register_error(te.TenantDeleted, 409, "invalid_request_error", "tenant_deleted")
+    register_error(te.InvalidField, 422, "invalid_request_error", "invalid_field")
+    register_error(te.PromptTooLong, 422, "invalid_request_error", "prompt_too_long")
+    register_error(te.StoreUnavailable, 503, "service_unavailable", "database_unavailable")
+
+
+def create_admin_app(
+    store: TenantStore,
+    *,
+    admin_token_sha256: str | None,
+    token_counter: TokenCounter | None = None,
+    max_prompt_tokens: int | None = None,
+    cache_provider: CacheProvider | None = None,
+    actor: str = "admin",
+) -> web.Application:
+    """The admin sub-app. ``admin_token_sha256`` None refuses every request (401).
+
+    ``token_counter(text) -> int`` with ``max_prompt_tokens`` bounds system prompts (422 with
+    the limit); ``cache_provider(tenant_id)`` answers GET .../cache (503 when not given).
+    The store and its engine belong to the caller (opened and closed by the gateway).
+    """
+    if (token_counter is None) != (max_prompt_tokens is None):
+        raise ValueError("token_counter and max_prompt_tokens must be given together")
+    register_tenant_errors()
+    app = web.Application(middlewares=[error_middleware, admin_auth_middleware(admin_token_sha256)])
+    app[ADMIN_CONTEXT] = AdminContext(
+        store=store,
+        token_counter=token_counter,
+        max_prompt_tokens=max_prompt_tokens,
+        cache_provider=cache_provider,
+        actor=actor,
+    )
+    views.add_routes(app)
+    return app

@@ -1,0 +1,160 @@
+"""Admin API views: parse and validate, call the store, serialize. No logic of their own.
+
+Pagination (GET /v1/tenants, GET /v1/audit): ``?limit=`` (1..200, default 50) and ``?cursor=``
+(the ``next_cursor`` of the previous page); responses are ``{"data": [...], "next_cursor": ...}``
+with ``next_cursor`` null on the last page. GET /v1/tenants takes ``?status=`` (active,
+suspended, deleted or all; default: every status but deleted).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from gateway.admin.context import ADMIN_CONTEXT, AdminContext
+from gateway.errors import ApiError
+from tenants.errors import InvalidField, PromptTooLong
+from tenants.schemas import KeyCreate, LimitsIn, PromptSet, TenantCreate, TenantPatch, parse
+
+
+def _ctx(request: web.Request) -> AdminContext:
+    return request.app[ADMIN_CONTEXT]
+
+
+def _json(model: BaseModel | dict[str, Any], status: int = 200) -> web.Response:
+    body = model.model_dump(mode="json") if isinstance(model, BaseModel) else model
+    return web.json_response(body, status=status)
+
+
+async def _body(request: web.Request) -> Any:
+    # Malformed or empty JSON raises JSONDecodeError: 400 from the error middleware.
+    return await request.json()
+
+
+def _limit(request: web.Request) -> int:
+    raw = request.query.get("limit", "50")
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidField("limit must be an integer", param="limit") from None
+
+
+def _check_prompt(request: web.Request, text: str, param: str) -> None:
+    ctx = _ctx(request)
+    if ctx.token_counter is None or ctx.max_prompt_tokens is None:
+        return
+    num_tokens = ctx.token_counter(text)
+    if num_tokens > ctx.max_prompt_tokens:
+        raise PromptTooLong(num_tokens, ctx.max_prompt_tokens, param=param)
+
+
+async def create_tenant(request: web.Request) -> web.Response:
+    data = parse(TenantCreate, await _body(request))
+    if data.system_prompt is not None:
+        _check_prompt(request, data.system_prompt, "system_prompt")
+    ctx = _ctx(request)
+    return _json(await ctx.store.create_tenant(data, actor=ctx.actor), status=201)
+
+
+async def list_tenants(request: web.Request) -> web.Response:
+    q = request.query
+    page = await _ctx(request).store.list_tenants(
+        limit=_limit(request), cursor=q.get("cursor"), status=q.get("status")
+    )
+    return _json(page)
+
+
+async def get_tenant(request: web.Request) -> web.Response:
+    return _json(await _ctx(request).store.get_tenant(request.match_info["id"]))
+
+
+async def patch_tenant(request: web.Request) -> web.Response:
+    patch = parse(TenantPatch, await _body(request))
+    ctx = _ctx(request)
+    return _json(await ctx.store.update_tenant(request.match_info["id"], patch, actor=ctx.actor))
+
+
+async def delete_tenant(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    return _json(await ctx.store.delete_tenant(request.match_info["id"], actor=ctx.actor))
+
+
+async def set_prompt(request: web.Request) -> web.Response:
+    data = parse(PromptSet, await _body(request))
+    _check_prompt(request, data.text, "text")
+    ctx = _ctx(request)
+    version = await ctx.store.set_system_prompt(
+        request.match_info["id"], data.text, actor=ctx.actor
+    )
+    return _json({"version": version})
+
+
+async def list_prompts(request: web.Request) -> web.Response:
+    prompts = await _ctx(request).store.list_prompts(request.match_info["id"])
+    return _json({"data": [p.model_dump(mode="json") for p in prompts]})
+
+
+async def create_key(request: web.Request) -> web.Response:
+    data = parse(KeyCreate, await _body(request))
+    ctx = _ctx(request)
+    created = await ctx.store.create_key(request.match_info["id"], data, actor=ctx.actor)
+    return _json(created, status=201)
+
+
+async def revoke_key(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    tenant_id, key_id = request.match_info["id"], request.match_info["key_id"]
+    return _json(await ctx.store.revoke_key(tenant_id, key_id, actor=ctx.actor))
+
+
+async def set_limits(request: web.Request) -> web.Response:
+    limits = parse(LimitsIn, await _body(request))
+    ctx = _ctx(request)
+    return _json(await ctx.store.set_limits(request.match_info["id"], limits, actor=ctx.actor))
+
+
+async def get_cache(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    tenant = await ctx.store.get_tenant(request.match_info["id"])  # 404 for unknown tenants
+    if ctx.cache_provider is None:
+        raise ApiError(
+            503,
+            "cache statistics are not available",
+            type_="service_unavailable",
+            code="cache_stats_unavailable",
+        )
+    stats = ctx.cache_provider(tenant.id)
+    if inspect.isawaitable(stats):
+        stats = await stats
+    return _json({"tenant_id": tenant.id, **dict(stats)})
+
+
+async def list_audit(request: web.Request) -> web.Response:
+    q = request.query
+    page = await _ctx(request).store.list_audit(
+        tenant_id=q.get("tenant"), limit=_limit(request), cursor=q.get("cursor")
+    )
+    return _json(page)
+
+
+def add_routes(app: web.Application) -> None:
+    t = "/v1/tenants/{id}"
+    app.router.add_routes(
+        [
+            web.post("/v1/tenants", create_tenant),
+            web.get("/v1/tenants", list_tenants),
+            web.get(t, get_tenant),
+            web.patch(t, patch_tenant),
+            web.delete(t, delete_tenant),
+            web.put(f"{t}/system-prompt", set_prompt),
+            web.get(f"{t}/system-prompts", list_prompts),
+            web.post(f"{t}/keys", create_key),
+            web.delete(f"{t}/keys/{{key_id}}", revoke_key),
+            web.put(f"{t}/limits", set_limits),
+            web.get(f"{t}/cache", get_cache),
+            web.get("/v1/audit", list_audit),
+        ]
+    )
