@@ -1,0 +1,9 @@
+"""Triton kernels of the GPU path (also runnable on the CPU under ``TRITON_INTERPRET=1``)."""
+
+from __future__ import annotations
+
+from engine.kernels.triton.decode import decode_attention
+from engine.kernels.triton.prefill import extend_attention
+from engine.kernels.triton.store_kv import store_kv
+
+__all__ = ["decode_attention", "extend_attention", "store_kv"]

@@ -1,0 +1,264 @@
+"""Decode attention: flash-decoding over the paged KV cache, then a log-sum-exp merge.
+
+Split-KV: the KV range of a *segment* (a set of query rows that all see the same keys, unmasked)
+is cut into ``num_splits`` chunks of ``split_size`` tokens; each program attends one tile of rows to
+one chunk and writes a normalized partial output plus its log-sum-exp::
+
+    grid = (segments, row tiles, kv_heads * num_splits)
+    rows of a segment = (query token, head of the GQA group) flattened, so one program reads each
+    K/V tile once for all the query heads that share it
+    part_o   [P, T, Hq, D] fp32   partial p of row (t, h); empty chunk: 0
+    part_lse [P, T, Hq]    fp32   base-2 log-sum-exp of the scaled scores; empty chunk: -inf
+
+Decode: one segment per request (its single query token, keys [0, seq_len)). Cascade attention
+reuses the same kernel with one segment holding every query of the batch over the shared prefix.
+``merge_partials`` combines the P partials of each row: o = sum_p 2^(lse_p - m) o_p / sum_p 2^(...).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.kernels.metadata import AttentionMetadata
+from engine.kernels.triton._common import (
+    check_kv_cache,
+    check_metadata,
+    check_query,
+    dot_options,
+    interpreting,
+    lazy_jit,
+    next_pow2,
+    num_sms,
+)
+
+LOG2E = 1.4426950408889634
+
+
+@lazy_jit
+def _split_kv_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bt_ptr,
+    seg_q_ptr,
+    seg_kv_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    scale_log2,
+    kv_lo,
+    split_size,
+    num_splits,
+    part_base,
+    num_tokens,
+    num_heads,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    seg = tl.program_id(0)
+    tile = tl.program_id(1)
+    kv_head = tl.program_id(2) // num_splits
+    split = tl.program_id(2) % num_splits
+    q_first = tl.load(seg_q_ptr + seg)
+    num_rows = (tl.load(seg_q_ptr + seg + 1) - q_first) * GROUP
+    if tile * BLOCK_M >= num_rows:
+        return
+    row = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = row < num_rows
+    tok = q_first + row // GROUP
+    head = kv_head * GROUP + row % GROUP
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(
+        q_ptr + tok[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+    if UPCAST:
+        q = q.to(tl.float32)
+    lo = kv_lo + split * split_size
+    hi = tl.minimum(tl.load(seg_kv_ptr + seg), lo + split_size)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    bt_row = bt_ptr + seg.to(tl.int64) * stride_bt
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        pos_ok = pos < hi
+        block = tl.load(bt_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
+        k_off = block * stride_kb + (pos % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
+        v_off = block * stride_vb + (pos % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
+        k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        s = tl.where(pos_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    nonempty = l_i > 0.0
+    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+    lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
+    part_row = ((part_base + split) * num_tokens + tok).to(tl.int64) * num_heads + head
+    tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None])
+    tl.store(part_lse_ptr + part_row, lse, mask=row_ok)
+
+
+@lazy_jit
+def _merge_kernel(
+    part_o_ptr,
+    part_lse_ptr,
+    out_ptr,
+    num_parts,
+    num_tokens,
+    num_heads,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    p = tl.arange(0, BLOCK_P)
+    d = tl.arange(0, HEAD_DIM)
+    p_ok = p < num_parts
+    part_row = (p * num_tokens + t).to(tl.int64) * num_heads + h
+    lse = tl.load(part_lse_ptr + part_row, mask=p_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # every partial empty: all weights 0, output 0
+    w = tl.exp2(lse - m)
+    o = tl.load(
+        part_o_ptr + part_row[:, None] * HEAD_DIM + d[None, :], mask=p_ok[:, None], other=0.0
+    )
+    total = tl.sum(w, 0)
+    merged = tl.sum(o * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    dst = out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + d
+    tl.store(dst, merged.to(out_ptr.dtype.element_ty))
+
+
+def tile_config(head_dim: int, group: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of the split-KV kernel."""
+    if interpreting():
+        return 16, 16, 4
+    block_m = max(16, min(64, next_pow2(group)))
+    return block_m, 64 if head_dim <= 64 else 32, 4
+
+
+def choose_num_splits(work_items: int, max_kv: int, block_n: int, device: torch.device) -> int:
+    """Enough KV splits that the grid fills the device about twice over, never an empty split."""
+    max_tiles = max(1, triton.cdiv(max_kv, block_n))
+    wanted = triton.cdiv(2 * num_sms(device), max(1, work_items))
+    return max(1, min(wanted, max_tiles, 256))
+
+
+def split_kv_partials(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seg_q: torch.Tensor,
+    seg_kv: torch.Tensor,
+    *,
+    kv_lo: int,
+    max_rows: int,
+    max_kv: int,
+    num_splits: int,
+    part_o: torch.Tensor,
+    part_lse: torch.Tensor,
+    part_base: int,
+    scale: float,
+) -> None:
+    """Partials ``part_base .. part_base + num_splits - 1`` of every row of every segment.
+
+    Segment i: query tokens ``seg_q[i]:seg_q[i+1]``, keys ``kv_lo .. seg_kv[i]-1`` (no mask)
+    read through ``block_tables[i]``. ``max_rows``: most query tokens in one segment; ``max_kv``:
+    upper bound of ``seg_kv - kv_lo``.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    block_m, block_n, num_warps = tile_config(head_dim, group)
+    split_size = triton.cdiv(triton.cdiv(max(max_kv, 1), num_splits), block_n) * block_n
+    precision, upcast = dot_options(q.dtype)
+    grid = (seg_kv.shape[0], triton.cdiv(max_rows * group, block_m), num_kv_heads * num_splits)
+    _split_kv_kernel[grid](
+        q, k_cache, v_cache, block_tables, seg_q, seg_kv, part_o, part_lse,
+        scale * LOG2E, kv_lo, split_size, num_splits, part_base, num_tokens, num_heads,
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
+        block_tables.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_SIZE=block_size, PRECISION=precision, UPCAST=upcast, num_warps=num_warps,
+    )  # fmt: skip
+
+
+def merge_partials(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor) -> None:
+    """out[t, h] = log-sum-exp weighted mean of the partials ``part_o[:, t, h]``."""
+    num_parts, num_tokens, num_heads, head_dim = part_o.shape
+    _merge_kernel[(num_tokens, num_heads)](
+        part_o, part_lse, out, num_parts, num_tokens, num_heads, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_P=next_pow2(num_parts), num_warps=1 if head_dim <= 64 else 2,
+    )  # fmt: skip
+
+
+def new_partials(num_parts: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    t, h, d = q.shape
+    part_o = torch.empty((num_parts, t, h, d), dtype=torch.float32, device=q.device)
+    return part_o, torch.empty((num_parts, t, h), dtype=torch.float32, device=q.device)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    *,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """One query token per request over its whole block table; returns out [B, Hq, D].
+
+    Requires ``meta.is_decode_only`` and ``q.shape[0] == meta.num_seqs``.
+    """
+    check_kv_cache(k_cache, v_cache)
+    group = check_query(q, k_cache)
+    check_metadata(meta, k_cache, q.shape[0])
+    if not meta.is_decode_only or q.shape[0] != meta.num_seqs:
+        raise ValueError(
+            f"decode needs exactly one query token per request: {q.shape[0]} tokens, "
+            f"{meta.num_seqs} requests, max_query_len {meta.max_query_len}"
+        )
+    out = torch.empty_like(q)
+    if q.shape[0] == 0:
+        return out
+    if num_splits is None:
+        block_n = tile_config(q.shape[2], group)[1]
+        num_splits = choose_num_splits(
+            meta.num_seqs * k_cache.shape[2], meta.max_seq_len, block_n, q.device
+        )
+    part_o, part_lse = new_partials(num_splits, q)
+    split_kv_partials(
+        q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
+        kv_lo=0, max_rows=1, max_kv=meta.max_seq_len, num_splits=num_splits,
+        part_o=part_o, part_lse=part_lse, part_base=0, scale=scale,
+    )  # fmt: skip
+    merge_partials(part_o, part_lse, out)
+    return out

@@ -1,0 +1,177 @@
+"""Extend (prefill with a cached prefix) attention over the paged KV cache.
+
+Request b owns query rows ``query_start_loc[b] : query_start_loc[b+1]`` at absolute positions
+``context_lens[b] + i``; row i attends to keys ``kv_lo .. context_lens[b] + i`` (cached prefix
+unmasked, new tokens causal). The new tokens' K/V are already in the cache, so every key is read
+through the block table. One program per (query tile, request, query head)::
+
+    keys:  kv_lo ........ ctx + m*BLOCK_M | ......... min(seq_len, ctx + (m+1)*BLOCK_M)
+           visible to every row of tile m | causal mask applied (tiles crossing this line)
+
+Online softmax in base 2 (scores pre-multiplied by scale*log2 e). With ``lse`` given, the kernel
+writes a normalized fp32 partial and its log-sum-exp instead (the suffix half of cascade attention).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.kernels.metadata import AttentionMetadata
+from engine.kernels.triton._common import (
+    check_kv_cache,
+    check_metadata,
+    check_query,
+    dot_options,
+    interpreting,
+    lazy_jit,
+)
+
+LOG2E = 1.4426950408889634
+
+
+@lazy_jit
+def _extend_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    lse_ptr,
+    bt_ptr,
+    qsl_ptr,
+    ctx_ptr,
+    seq_ptr,
+    scale_log2,
+    kv_lo,
+    num_heads,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    b = tl.program_id(1)
+    head = tl.program_id(2)
+    q_first = tl.load(qsl_ptr + b)
+    q_len = tl.load(qsl_ptr + b + 1) - q_first
+    if tile * BLOCK_M >= q_len:
+        return
+    ctx = tl.load(ctx_ptr + b)
+    row = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = row < q_len
+    q_pos = ctx + row
+    tok = (q_first + row).to(tl.int64)
+    kv_head = head // GROUP
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qt + head * stride_qh + d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+    if UPCAST:
+        q = q.to(tl.float32)
+    causal_from = ctx + tile * BLOCK_M  # keys below: visible to every row of the tile
+    hi = tl.minimum(tl.load(seq_ptr + b), causal_from + BLOCK_M)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    for start in range(kv_lo, hi, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        pos_ok = pos < hi
+        block = tl.load(bt_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
+        k_off = block * stride_kb + (pos % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
+        v_off = block * stride_vb + (pos % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
+        k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        if start + BLOCK_N > causal_from:
+            s = tl.where(pos[None, :] <= q_pos[:, None], s, float("-inf"))
+        # every row keeps a finite max: the first tile holds key kv_lo <= q_pos of each row
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    dst = out_ptr + tok[:, None] * stride_ot + head * stride_oh + d[None, :]
+    if WRITE_LSE:
+        tl.store(dst, out, mask=row_ok[:, None])
+        tl.store(lse_ptr + tok * num_heads + head, m_i + tl.log2(l_i), mask=row_ok)
+    else:
+        tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def tile_config(head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the extend kernel."""
+    if interpreting():
+        return 16, 16, 4, 1
+    if head_dim <= 64:
+        return 128, 64, 4, 3
+    return 128, 32, 8, 3
+
+
+def extend_partials(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    *,
+    out: torch.Tensor,
+    lse: torch.Tensor | None = None,
+    kv_lo: int = 0,
+) -> None:
+    """Launch the extend kernel (no checks; callers validate). ``kv_lo`` must be <= every
+    ``context_lens[b]``. ``lse`` given: ``out`` is fp32 [T, Hq, D] and gets normalized partials."""
+    _, num_heads, head_dim = q.shape
+    block_m, block_n, num_warps, num_stages = tile_config(head_dim)
+    precision, upcast = dot_options(q.dtype)
+    grid = (triton.cdiv(meta.max_query_len, block_m), meta.num_seqs, num_heads)
+    _extend_kernel[grid](
+        q, k_cache, v_cache, out, lse if lse is not None else out, meta.block_tables,
+        meta.query_start_loc, meta.context_lens, meta.seq_lens, scale * LOG2E, kv_lo, num_heads,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), *k_cache.stride()[:3],
+        *v_cache.stride()[:3], meta.block_tables.stride(0),
+        GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_SIZE=k_cache.shape[1], WRITE_LSE=lse is not None, PRECISION=precision,
+        UPCAST=upcast, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Ragged extend attention for a mixed batch; returns out [T, Hq, D] in q's dtype."""
+    check_kv_cache(k_cache, v_cache)
+    check_query(q, k_cache)
+    check_metadata(meta, k_cache, q.shape[0])
+    out = torch.empty_like(q)
+    if q.shape[0] == 0 or meta.max_query_len == 0:
+        return out
+    extend_partials(q, k_cache, v_cache, meta, scale, out=out)
+    return out
