@@ -1,0 +1,102 @@
+"""ScheduledBatch -> the tensors of one ragged forward (token ids, positions, AttentionMetadata).
+
+Per request i with new tokens at positions ``start_pos .. end_pos-1``::
+
+    query rows     query_start_loc[i] .. query_start_loc[i+1]-1   (concatenated in batch order)
+    slot of pos p  block_table[p // block_size] * block_size + p % block_size
+    logits row     query_start_loc[i+1]-1, only when the request samples this step
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.batch import ScheduledBatch, ScheduledSeq
+from engine.kernels.metadata import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    input_ids: torch.Tensor  # int64 [T]
+    positions: torch.Tensor  # int64 [T]
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # int64 [N], N = requests sampling this step
+    sampled_seqs: tuple[int, ...]  # batch indices of those requests, same order
+
+
+def _check_seq(seq: ScheduledSeq, block_size: int, num_blocks: int, max_len: int) -> None:
+    need = (seq.end_pos + block_size - 1) // block_size
+    if not seq.token_ids:
+        raise ValueError(f"request {seq.request_id}: no tokens scheduled")
+    if seq.end_pos > max_len:
+        raise ValueError(f"request {seq.request_id}: {seq.end_pos} tokens exceed {max_len}")
+    if len(seq.block_table) < need:
+        raise ValueError(
+            f"request {seq.request_id}: block table has {len(seq.block_table)} blocks, "
+            f"{need} needed for {seq.end_pos} tokens"
+        )
+    bad = [b for b in seq.block_table[:need] if not 0 <= b < num_blocks]
+    if bad:
+        raise ValueError(f"request {seq.request_id}: block ids {bad} outside 0..{num_blocks - 1}")
+
+
+def shared_prefix_blocks(tables: Sequence[Sequence[int]], contexts: Sequence[int], bs: int) -> int:
+    """Leading block ids equal in every table and inside every request's cached context."""
+    limit = min(contexts) // bs
+    first = tables[0]
+    n = 0
+    while n < limit and all(t[n] == first[n] for t in tables):
+        n += 1
+    return n
+
+
+def build_step_inputs(
+    batch: ScheduledBatch, block_size: int, num_blocks: int, max_len: int, device: torch.device
+) -> StepInputs:
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    starts, contexts, seq_lens, tables = [0], [], [], []
+    logits_rows: list[int] = []
+    sampled: list[int] = []
+    for i, seq in enumerate(batch.seqs):
+        _check_seq(seq, block_size, num_blocks, max_len)
+        table = list(seq.block_table[: (seq.end_pos + block_size - 1) // block_size])
+        ids.extend(seq.token_ids)
+        span = range(seq.start_pos, seq.end_pos)
+        positions.extend(span)
+        slots.extend(table[p // block_size] * block_size + p % block_size for p in span)
+        starts.append(len(ids))
+        contexts.append(seq.start_pos)
+        seq_lens.append(seq.end_pos)
+        tables.append(table)
+        if seq.sample:
+            logits_rows.append(len(ids) - 1)
+            sampled.append(i)
+    width = max(len(t) for t in tables)
+    padded = [t + [0] * (width - len(t)) for t in tables]
+
+    def i32(values: list[int] | list[list[int]]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    meta = AttentionMetadata(
+        query_start_loc=i32(starts),
+        context_lens=i32(contexts),
+        seq_lens=i32(seq_lens),
+        block_tables=i32(padded),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        max_query_len=max(len(s.token_ids) for s in batch.seqs),
+        max_seq_len=max(seq_lens),
+        block_size=block_size,
+        num_shared_blocks=shared_prefix_blocks(tables, contexts, block_size),
+    )
+    return StepInputs(
+        input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
+        positions=torch.tensor(positions, dtype=torch.int64, device=device),
+        meta=meta,
+        logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=device),
+        sampled_seqs=tuple(sampled),
+    )

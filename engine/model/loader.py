@@ -1,0 +1,148 @@
+"""Lazy safetensors loading (memory-mapped ``safe_open``) into fused decoder weights.
+
+Single-file and sharded checkpoints (``model.safetensors.index.json``) are supported. Each tensor is
+checked against the shape ``ModelConfig`` implies before it is read; q/k/v and gate/up are fused
+into one matrix each, so a layer runs four matmuls.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.model.config import ModelConfig, ModelLoadError, read_json
+
+PROGRESS_MIN_BYTES = 1 << 30  # show a progress bar only for checkpoints at least this large
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    input_norm: torch.Tensor  # [H]
+    qkv: torch.Tensor  # [q_size + 2 * kv_size, H]
+    qkv_bias: torch.Tensor | None
+    o_proj: torch.Tensor  # [H, q_size]
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor  # [H]
+    gate_up: torch.Tensor  # [2 * I, H]
+    down: torch.Tensor  # [H, I]
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    embed: torch.Tensor  # [V, H]
+    layers: tuple[LayerWeights, ...]
+    norm: torch.Tensor  # [H]
+    lm_head: torch.Tensor  # [V, H]; the embedding itself when tied
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map") or {}
+        names = sorted(set(weight_map.values()))
+        files = [model_dir / n for n in names]
+        for f in files:
+            if not f.is_file():
+                raise ModelLoadError(f"{f}: shard listed in {index.name} not found")
+        if not files:
+            raise ModelLoadError(f"{index}: empty weight_map")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{model_dir}: no *.safetensors weights found")
+    return files
+
+
+class _Reader:
+    """Name -> open shard; reads one tensor at a time, checking its shape first."""
+
+    def __init__(self, files: list[Path], stack: ExitStack, dtype: torch.dtype, device: str):
+        from safetensors import safe_open
+
+        self.dtype, self.device = dtype, device
+        self.where: dict[str, tuple[Path, Any]] = {}
+        self.total_bytes = 0
+        for path in files:
+            try:
+                handle = stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+            except Exception as exc:  # safetensors raises its own error types
+                raise ModelLoadError(f"{path}: cannot open safetensors file: {exc}") from exc
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
+                self.where[name] = (path, handle)
+            self.total_bytes += path.stat().st_size
+
+    def has(self, name: str) -> bool:
+        return name in self.where
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if name not in self.where:
+            files = sorted({str(p) for p, _ in self.where.values()})
+            raise ModelLoadError(f"tensor {name!r} not found in {', '.join(files)}")
+        path, handle = self.where[name]
+        actual = tuple(handle.get_slice(name).get_shape())
+        if actual != shape:
+            raise ModelLoadError(
+                f"{path}: tensor {name!r} has shape {list(actual)}, expected {list(shape)}"
+            )
+        return handle.get_tensor(name).to(dtype=self.dtype)
+
+
+def _load_layer(r: _Reader, cfg: ModelConfig, i: int, device: str) -> LayerWeights:
+    p = f"model.layers.{i}."
+    h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    qkv = torch.cat(
+        [
+            r.get(p + f"self_attn.{n}_proj.weight", (s, h))
+            for n, s in (("q", q), ("k", kv), ("v", kv))
+        ]
+    )
+    qkv_bias = None
+    if cfg.qkv_bias:
+        parts = [
+            r.get(p + f"self_attn.{n}_proj.bias", (s,)) for n, s in (("q", q), ("k", kv), ("v", kv))
+        ]
+        qkv_bias = torch.cat(parts).to(device)
+    gate_up = torch.cat(
+        [r.get(p + "mlp.gate_proj.weight", (inter, h)), r.get(p + "mlp.up_proj.weight", (inter, h))]
+    )
+    return LayerWeights(
+        input_norm=r.get(p + "input_layernorm.weight", (h,)).to(device),
+        qkv=qkv.to(device),
+        qkv_bias=qkv_bias,
+        o_proj=r.get(p + "self_attn.o_proj.weight", (h, q)).to(device),
+        o_bias=r.get(p + "self_attn.o_proj.bias", (h,)).to(device) if cfg.o_bias else None,
+        post_norm=r.get(p + "post_attention_layernorm.weight", (h,)).to(device),
+        gate_up=gate_up.to(device),
+        down=r.get(p + "mlp.down_proj.weight", (h, inter)).to(device),
+    )
+
+
+def load_weights(
+    model_dir: Path, cfg: ModelConfig, dtype: torch.dtype, device: str
+) -> ModelWeights:
+    """Read every tensor the decoder needs (lazily, shard by shard) onto ``device``."""
+    from tqdm import tqdm
+
+    files = checkpoint_files(model_dir)
+    with ExitStack() as stack:
+        r = _Reader(files, stack, dtype, device)
+        show = r.total_bytes >= PROGRESS_MIN_BYTES and sys.stderr.isatty()
+        bar = tqdm(total=cfg.num_layers + 2, desc="loading weights", disable=not show)
+        v, h = cfg.vocab_size, cfg.hidden_size
+        embed = r.get("model.embed_tokens.weight", (v, h)).to(device)
+        bar.update()
+        layers = []
+        for i in range(cfg.num_layers):
+            layers.append(_load_layer(r, cfg, i, device))
+            bar.update()
+        norm = r.get("model.norm.weight", (h,)).to(device)
+        tied = cfg.tie_word_embeddings
+        lm_head = embed if tied else r.get("lm_head.weight", (v, h)).to(device)
+        bar.update()
+        bar.close()
+    return ModelWeights(embed=embed, layers=tuple(layers), norm=norm, lm_head=lm_head)

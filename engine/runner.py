@@ -1,0 +1,98 @@
+"""ModelRunner: loads a model, owns the paged KV cache, executes scheduled batches.
+
+``execute(batch)`` runs one ragged forward over every request's new tokens and returns one
+sampled token per request with ``sample=True`` (``None`` for the others), in batch order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine.batch import ScheduledBatch
+from engine.config import EngineConfig
+from engine.model.config import ModelConfig, ModelLoadError, parse_config, resolve_dtype
+from engine.model.decoder import Decoder, KVCache
+from engine.model.inputs import StepInputs, build_step_inputs
+from engine.model.kv_memory import allocate_kv_caches, block_bytes, kv_budget_bytes
+from engine.model.loader import load_weights
+from engine.model.tokenizer import Tokenizer
+from engine.sampling import sample
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        decoder: Decoder,
+        tokenizer: Tokenizer,
+        kv_caches: list[KVCache],
+        device: torch.device,
+    ) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.decoder = decoder
+        self.tokenizer = tokenizer
+        self.kv_caches = kv_caches
+        self.device = device
+        self.block_size = config.block_size
+        self.num_blocks = int(kv_caches[0][0].shape[0])
+        self.max_model_len = model_config.max_position_embeddings
+        self.eos_token_ids: tuple[int, ...] = tokenizer.eos_token_ids
+
+    @classmethod
+    def from_pretrained(
+        cls, model_dir: str | Path, config: EngineConfig | None = None
+    ) -> ModelRunner:
+        config = config or EngineConfig()
+        model_dir = Path(model_dir)
+        if not model_dir.is_dir():
+            raise ModelLoadError(f"{model_dir}: model directory not found")
+        model_config = parse_config(model_dir)
+        dtype = resolve_dtype(config.dtype, model_config)
+        device = resolve_device(config.device)
+        tokenizer = Tokenizer.from_pretrained(model_dir)
+        weights = load_weights(model_dir, model_config, dtype, str(device))
+        decoder = Decoder(model_config, weights, dtype, str(device))
+        decoder.pack_weights()
+        per_block = block_bytes(model_config, config.block_size, dtype)
+        num_blocks = kv_budget_bytes(config, device) // per_block
+        if num_blocks < 1:
+            raise ModelLoadError(
+                f"KV cache budget holds no block of {per_block} bytes "
+                f"(block_size {config.block_size}); raise kv_cache_bytes"
+            )
+        kv = allocate_kv_caches(model_config, num_blocks, config.block_size, dtype, device)
+        return cls(config, model_config, decoder, tokenizer, kv, device)
+
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        return build_step_inputs(
+            batch, self.block_size, self.num_blocks, self.max_model_len, self.device
+        )
+
+    def compute_logits(self, batch: ScheduledBatch) -> tuple[StepInputs, torch.Tensor]:
+        """Forward only: float32 logits of the sampling rows (tests compare these with HF)."""
+        inputs = self.prepare(batch)
+        logits = self.decoder.forward(
+            inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices
+        )
+        return inputs, logits
+
+    def execute(self, batch: ScheduledBatch) -> list[int | None]:
+        if batch.is_empty:
+            return []
+        inputs, logits = self.compute_logits(batch)
+        seqs = [batch.seqs[i] for i in inputs.sampled_seqs]
+        tokens = sample(logits, [s.sampling for s in seqs], [s.num_generated for s in seqs])
+        out: list[int | None] = [None] * len(batch.seqs)
+        for i, token in zip(inputs.sampled_seqs, tokens, strict=True):
+            out[i] = token
+        return out
