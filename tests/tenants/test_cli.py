@@ -1,0 +1,89 @@
+"""The operator CLI, run in-process through ``gateway.cli.main`` (as the console script does)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from tenants.store import TenantStore
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.fixture
+def cli_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}"
+    monkeypatch.setenv("KVGATE_DATABASE_URL", url)
+    monkeypatch.delenv("KVGATE_REDIS_URL", raising=False)
+    return url
+
+
+async def _audit_actions(url: str, tenant_id: str) -> list[tuple[str, str]]:
+    store = TenantStore.open(url)
+    try:
+        page = await store.list_audit(tenant_id=tenant_id)
+        return [(a.actor, a.action) for a in reversed(page.data)]
+    finally:
+        await store.aclose()
+
+
+def test_cli_refuses_unmigrated_then_full_workflow(
+    cli_db: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    rc, _, err = _run(capsys, "tenants", "list")
+    assert rc == 1 and "kvgate migrate" in err
+    assert _run(capsys, "migrate")[0] == 0
+    rc, out, _ = _run(
+        capsys, "tenants", "create", "acme", "--name", "Acme", "--prompt", "Hi", "--rpm", "5"
+    )
+    assert rc == 0 and '"prompt_version": 1' in out and "cache_salt" not in out
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("Second prompt", encoding="utf-8")
+    rc, out, _ = _run(capsys, "tenants", "set-prompt", "acme", "--file", str(prompt))
+    assert rc == 0 and "version 2" in out
+    rc, out, _ = _run(
+        capsys, "tenants", "create-key", "acme", "--kind", "widget", "--origin", "https://a.example"
+    )
+    assert rc == 0
+    key_id = out.split("key id:")[1].split()[0]
+    key = out.split("key:")[1].split()[0]
+    assert key.startswith("kvg_")
+    rc, out, _ = _run(capsys, "tenants", "show", "acme")
+    assert rc == 0 and key_id in out and key not in out and "https://a.example" in out
+    rc, out, _ = _run(capsys, "tenants", "set-limits", "acme", "--tpm", "99")
+    assert rc == 0 and '"tpm": 99' in out and '"rpm": null' in out
+    assert _run(capsys, "tenants", "revoke-key", "acme", key_id)[0] == 0
+    rc, out, _ = _run(capsys, "tenants", "list")
+    assert rc == 0 and "acme" in out and "active" in out
+    assert asyncio.run(_audit_actions(cli_db, "acme")) == [
+        ("cli", "tenant.create"),
+        ("cli", "prompt.set"),
+        ("cli", "key.create"),
+        ("cli", "limits.set"),
+        ("cli", "key.revoke"),
+    ]
+
+
+def test_cli_errors(cli_db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(capsys, "migrate")[0] == 0
+    rc, _, err = _run(capsys, "tenants", "create", "Bad_Id", "--name", "x")
+    assert rc == 1 and "id:" in err
+    rc, _, err = _run(capsys, "tenants", "show", "nope")
+    assert rc == 1 and "not found" in err
+    assert _run(capsys, "tenants", "create", "dup", "--name", "x")[0] == 0
+    rc, _, err = _run(capsys, "tenants", "create", "dup", "--name", "x")
+    assert rc == 1 and "already exists" in err
+    rc, _, err = _run(capsys, "tenants", "set-limits", "dup", "--rpm", "0")
+    assert rc == 1 and "rpm" in err
+    rc, _, err = _run(capsys, "migrate", "--database-url", "mysql://nope")
+    assert rc == 2 and "KVGATE_DATABASE_URL" in err
+    with pytest.raises(SystemExit) as exc:  # argparse usage error
+        main(["tenants", "create-key", "dup", "--kind", "root"])
+    assert exc.value.code == 2
