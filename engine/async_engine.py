@@ -1,0 +1,324 @@
+"""``AsyncEngine``: streaming generation for asyncio servers.
+
+The step loop runs on a dedicated thread that owns the ``EngineCore``; the event loop never waits
+on model math. Threads meet in exactly two places::
+
+    event loop --commands (SimpleQueue: add, abort, pin, unpin, stop)--> engine thread
+    engine thread --loop.call_soon_threadsafe(_dispatch, [(rid, output | error)])--> event loop
+
+Per-request ``asyncio.Queue``s live on the event loop only. Abort happens between steps, when the
+thread applies the command. The waiting queue is bounded (``max_waiting``): beyond it ``generate``
+raises ``EngineOverloaded`` instead of buffering without limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import queue
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.engine import EngineCore, PinJob
+from engine.errors import DuplicateRequestId, EngineClosed, EngineDead, EngineOverloaded
+from engine.kv import CacheListener, CacheStats, PinHandle, PriorityRange
+from engine.outputs import RequestOutput
+from engine.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    token_ids: tuple[int, ...]
+    params: SamplingParams
+    namespace: str
+    priorities: tuple[PriorityRange, ...]
+    arrival_time: float
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class _Pin:
+    namespace: str
+    token_ids: tuple[int, ...]
+    future: concurrent.futures.Future[PinHandle]
+
+
+@dataclass(frozen=True)
+class _Unpin:
+    handle: PinHandle
+    future: concurrent.futures.Future[None]
+
+
+_STOP = object()
+_Item = tuple[str, RequestOutput | BaseException]
+
+
+class AsyncEngine:
+    def __init__(self, core: EngineCore) -> None:
+        self._core = core
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        self._adds_in_flight = 0  # submitted, not yet applied by the thread (under _lock)
+        self._lock = threading.Lock()
+        self._stats: CacheStats = core.cache.stats()
+        self._closed = False
+        self._fatal: BaseException | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls, model_dir: str | Path, *, listener: CacheListener | None = None, **overrides: Any
+    ) -> AsyncEngine:
+        """``overrides`` are EngineConfig fields (block_size, max_waiting, ...)."""
+        return cls(EngineCore.from_pretrained(model_dir, listener=listener, **overrides))
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._core.runner.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self._core.runner.max_model_len)
+
+    @property
+    def config(self) -> Any:
+        return self._core.config
+
+    @property
+    def num_model_tokens(self) -> int:
+        return self._core.num_model_tokens
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def cache_stats(self) -> CacheStats:
+        """Snapshot taken by the engine thread after its latest step (never blocks)."""
+        return self._stats
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._closed:
+            raise EngineClosed("the engine was shut down")
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="kvgate-engine", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        """Abort everything in flight, stop the thread and wait for it."""
+        if self._closed:
+            return
+        self._closed = True
+        thread = self._thread
+        if thread is not None:
+            self._inbox.put(_STOP)
+            await asyncio.get_running_loop().run_in_executor(None, thread.join)
+        for q in self._streams.values():
+            q.put_nowait(EngineClosed("the engine was shut down"))
+
+    async def __aenter__(self) -> AsyncEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    # ------------------------------------------------------------------ requests
+
+    async def generate(
+        self,
+        token_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        namespace: str = "default",
+        request_id: str | None = None,
+        priorities: Sequence[PriorityRange] = (),
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream outputs (token deltas in ``new_token_ids``) until the final one.
+
+        Raises PromptTooLong, EngineOverloaded, DuplicateRequestId before anything is queued.
+        Leaving the loop early (break, cancellation) aborts the request and frees its blocks.
+        """
+        await self._ensure_running()
+        rid = request_id if request_id is not None else f"req-{uuid.uuid4().hex}"
+        if rid in self._streams:
+            raise DuplicateRequestId(f"request id {rid!r} is already in flight")
+        self._core.scheduler.check_fits(len(token_ids), params.max_tokens)
+        self._reserve_waiting_slot()
+        q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._streams[rid] = q
+        cmd = _Add(rid, tuple(token_ids), params, namespace, tuple(priorities), time.monotonic())
+        self._inbox.put(cmd)
+        done = False
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                if item.finished:
+                    done = True
+                    if item.error is not None:
+                        raise item.error
+                yield item
+                if done:
+                    return
+        finally:
+            self._streams.pop(rid, None)
+            if not done and not self._closed:
+                self._inbox.put(_Abort(rid))
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request in flight (no-op if unknown); its stream ends with finish "abort"."""
+        if self.is_running:
+            self._inbox.put(_Abort(request_id))
+
+    async def pin_prefix(self, namespace: str, token_ids: Sequence[int]) -> PinHandle:
+        """Compute the prefix once (or find it cached) and pin its blocks; PinRejected if not."""
+        await self._ensure_running()
+        fut: concurrent.futures.Future[PinHandle] = concurrent.futures.Future()
+        self._inbox.put(_Pin(namespace, tuple(token_ids), fut))
+        return await asyncio.wrap_future(fut)
+
+    async def unpin(self, handle: PinHandle) -> None:
+        await self._ensure_running()
+        fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._inbox.put(_Unpin(handle, fut))
+        await asyncio.wrap_future(fut)
+
+    async def _ensure_running(self) -> None:
+        if self._fatal is not None:
+            raise EngineDead(f"engine loop stopped: {self._fatal!r}")
+        if self._closed:
+            raise EngineClosed("the engine was shut down")
+        if self._thread is None:
+            await self.start()
+
+    def _reserve_waiting_slot(self) -> None:
+        limit = self._core.config.max_waiting
+        with self._lock:
+            # num_waiting is read without the engine's cooperation: an int, at worst one step old.
+            if self._core.scheduler.num_waiting + self._adds_in_flight >= limit:
+                raise EngineOverloaded(f"engine queue is full ({limit} requests waiting)")
+            self._adds_in_flight += 1
+
+    # ------------------------------------------------------------------ engine thread
+
+    def _run(self) -> None:
+        try:
+            while True:
+                commands = self._drain(block=not self._core.has_work())
+                items: list[_Item] = []
+                for cmd in commands:
+                    if cmd is _STOP:
+                        self._core.abort_all()
+                        self._refuse_pending(EngineClosed("the engine was shut down"))
+                        return
+                    items.extend(self._apply(cmd))
+                if self._core.has_work():
+                    items.extend((o.request_id, o) for o in self._core.step())
+                self._stats = self._core.cache.stats()
+                if items:
+                    self._post(items)
+        except BaseException as exc:  # the loop must never die silently
+            self._fatal = exc
+            self._post_fatal(exc)
+
+    def _drain(self, *, block: bool) -> list[Any]:
+        commands = [self._inbox.get()] if block else []
+        while True:
+            try:
+                commands.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _apply(self, cmd: Any) -> list[_Item]:
+        core = self._core
+        if isinstance(cmd, _Add):
+            with self._lock:
+                self._adds_in_flight -= 1
+            try:
+                core.add_request(
+                    cmd.token_ids,
+                    cmd.params,
+                    namespace=cmd.namespace,
+                    request_id=cmd.request_id,
+                    priorities=cmd.priorities,
+                    arrival_time=cmd.arrival_time,
+                )
+            except Exception as exc:  # validated on the loop already; report, do not die
+                return [(cmd.request_id, exc)]
+        elif isinstance(cmd, _Abort):
+            out = core.abort(cmd.request_id)
+            return [(out.request_id, out)] if out is not None else []
+        elif isinstance(cmd, _Pin):
+            core.start_pin(cmd.namespace, cmd.token_ids, on_done=_resolve_pin(cmd.future))
+        elif isinstance(cmd, _Unpin):
+            try:
+                core.unpin(cmd.handle)
+                cmd.future.set_result(None)
+            except Exception as exc:
+                cmd.future.set_exception(exc)
+        return []
+
+    def _refuse_pending(self, err: Exception) -> None:
+        """The loop is ending: fail the futures of commands nobody will apply."""
+        for cmd in self._drain(block=False):
+            if isinstance(cmd, _Pin | _Unpin) and not cmd.future.done():
+                cmd.future.set_exception(err)
+
+    def _post(self, items: list[_Item]) -> None:
+        loop = self._loop
+        assert loop is not None
+        # RuntimeError: the event loop closed under us; nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._dispatch, items)
+
+    def _post_fatal(self, exc: BaseException) -> None:
+        err = EngineDead(f"engine loop stopped: {exc!r}")
+        with contextlib.suppress(Exception):  # best effort: the core may be what broke
+            self._core.abort_all()
+        self._refuse_pending(err)
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._fail_all, err)
+
+    # ------------------------------------------------------------------ event loop side
+
+    def _dispatch(self, items: list[_Item]) -> None:
+        for rid, item in items:
+            q = self._streams.get(rid)
+            if q is not None:
+                q.put_nowait(item)
+
+    def _fail_all(self, err: BaseException) -> None:
+        for q in self._streams.values():
+            q.put_nowait(err)
+
+
+def _resolve_pin(fut: concurrent.futures.Future[PinHandle]) -> Any:
+    def done(job: PinJob) -> None:
+        if job.error is not None:
+            fut.set_exception(job.error)
+        else:
+            fut.set_result(job.handle)
+
+    return done
