@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tenants.errors import ConfigError
+from tenants.settings import TenantStoreSettings
+
 PREFIX = "KVGATE_"
 
 
@@ -82,7 +85,7 @@ def _choice(*options: str) -> Callable[[str], str]:
 class Variable:
     name: str  # full name, e.g. KVGATE_PORT
     parse: Callable[[str], Any]
-    default: str  # as text, parsed like any other value
+    default: str | None  # as text, parsed like any other value; None: the component decides
     meaning: str
 
 
@@ -122,6 +125,16 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "log level"),
     Variable("KVGATE_LOG_JSON", _bool, "true", "JSON log lines (false: console format)"),
     Variable("KVGATE_SERVICE_NAME", _str, "kvgate-gateway", "OTel service.name"),
+    # Read by tenants/settings.py (TenantStoreSettings.from_env); listed so the TOML file and
+    # the configuration table know them.
+    Variable("KVGATE_DATABASE_URL", _str, None, "tenant DB; unset: SQLite under var/"),
+    Variable("KVGATE_ADMIN_TOKEN_SHA256", _str, None, "admin token given as its SHA-256 hex"),
+    Variable("KVGATE_TENANT_EVENT_CHANNEL", _str, None, "Redis pub/sub channel of tenant events"),
+    Variable("KVGATE_DEFAULT_RPM", _str, None, "tenant default requests/minute (600)"),
+    Variable("KVGATE_DEFAULT_TPM", _str, None, "tenant default tokens/minute (200000)"),
+    Variable("KVGATE_DEFAULT_MAX_CONCURRENCY", _str, None, "tenant default concurrency (16)"),
+    Variable("KVGATE_DEFAULT_MAX_OUTPUT_TOKENS", _str, None, "tenant default output cap (1024)"),
+    Variable("KVGATE_KEY_LAST_USED_FLUSH_S", _str, None, "key last_used_at flush interval (30)"),
 )
 _BY_NAME = {v.name: v for v in VARIABLES}
 
@@ -140,7 +153,7 @@ def _flatten_toml(data: Mapping[str, Any], out: dict[str, str]) -> None:
 def load_source(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Merged raw values: defaults < TOML file < environment (only KVGATE_* and OTEL_* names)."""
     env = os.environ if env is None else env
-    merged = {v.name: v.default for v in VARIABLES}
+    merged = {v.name: v.default for v in VARIABLES if v.default is not None}
     path = env.get("KVGATE_CONFIG")
     if path:
         try:
@@ -155,6 +168,8 @@ def load_source(env: Mapping[str, str] | None = None) -> dict[str, str]:
 def value(source: Mapping[str, str], name: str) -> Any:
     var = _BY_NAME[name]
     raw = source.get(name, var.default)
+    if raw is None:
+        return None
     try:
         return var.parse(raw.strip())
     except ValueError as exc:
@@ -272,3 +287,45 @@ class TelemetrySettings:
             service_name=value(src, "KVGATE_SERVICE_NAME"),
             otlp_endpoint=src.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
         )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything ``create_app`` needs, validated once at start."""
+
+    server: ServerSettings
+    model: ModelSettings
+    ratelimit: RateLimitSettings
+    auth: AuthSettings
+    telemetry: TelemetrySettings
+    tenants: TenantStoreSettings
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        src = load_source(env)
+        server = ServerSettings.from_source(src)
+        if not src.get("KVGATE_DATABASE_URL"):
+            src["KVGATE_DATABASE_URL"] = f"sqlite+aiosqlite:///{server.var_dir}/kvgate.db"
+        try:
+            # Empty means unset (the tenant store reads presence, not emptiness).
+            tenants = TenantStoreSettings.from_env({k: v for k, v in src.items() if v != ""})
+        except ConfigError as exc:
+            raise SettingsError(str(exc)) from None
+        return cls(
+            server=server,
+            model=ModelSettings.from_source(src),
+            ratelimit=RateLimitSettings.from_source(src),
+            auth=AuthSettings.from_source(src),
+            telemetry=TelemetrySettings.from_source(src),
+            tenants=tenants,
+        )
+
+
+def configuration_table() -> str:
+    """Markdown table of every variable (for the README)."""
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    for v in VARIABLES:
+        default = f"`{v.default}`" if v.default else "unset"
+        rows.append(f"| `{v.name}` | {default} | {v.meaning} |")
+    rows.append("| `OTEL_EXPORTER_OTLP_ENDPOINT` | unset | OTLP/HTTP trace export endpoint |")
+    return "\n".join(rows)

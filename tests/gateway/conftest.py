@@ -34,3 +34,24 @@ def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from engine.model.demo import write_demo_model
+
+    return write_demo_model(tmp_path_factory.mktemp("demo-model"))
+
+
+@pytest.fixture(scope="session")
+def gateway_database() -> Iterator[str]:
+    """One fresh PostgreSQL database for the gateway tests, migrated to head, dropped after."""
+    import asyncio
+
+    from tenants.migrate import upgrade_to_head
+    from tests.gateway.harness import create_database, drop_database, pg_url
+
+    name = asyncio.run(create_database())
+    asyncio.run(upgrade_to_head(pg_url(name)))
+    yield pg_url(name)
+    asyncio.run(drop_database(name))

@@ -1,0 +1,233 @@
+"""``create_app(settings)``: the gateway application (chat API, admin sub-app, health, metrics).
+
+Nothing happens at import. ``create_app`` only builds objects that do no I/O (the tenant store's
+connection pool connects lazily; the model is loaded unless an engine is passed in). Everything
+that starts or connects lives in ``cleanup_ctx``, in this order (closed in reverse)::
+
+    telemetry provider -> tenant store (schema check) + events -> limiter -> engine thread
+    -> key cache + pins (start-up pinning in the background; /readyz waits for it)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+from opentelemetry.sdk.trace.export import SpanExporter
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from engine.errors import (
+    DuplicateRequestId,
+    EngineClosed,
+    EngineDead,
+    EngineOverloaded,
+    PromptTooLong,
+    RequestAborted,
+)
+from gateway.admin import ADMIN_PREFIX, create_admin_app
+from gateway.auth import CORS_ORIGIN, KeyCache
+from gateway.chat import views
+from gateway.chat.prompt import TemplateMismatch, build_prefix
+from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState, Telemetry
+from gateway.errors import ApiError, error_middleware, register_error
+from gateway.pins import PinManager
+from gateway.ratelimit import FailoverLimiter, Limiter, MemoryLimiter, RedisLimiter, make_client
+from gateway.ratelimit.types import LimiterUnavailable
+from gateway.settings import ModelSettings, Settings
+from gateway.telemetry import GatewayMetrics, make_tracer_provider
+from tenants.db import make_engine, make_session_factory
+from tenants.events import RedisEventBridge
+from tenants.keys import LastUsedRecorder
+from tenants.migrate import check_schema
+from tenants.store import TenantStore
+
+
+def register_gateway_errors() -> None:
+    """Engine and limiter errors as HTTP (idempotent)."""
+    register_error(PromptTooLong, 400, "invalid_request_error", "context_length_exceeded")
+    register_error(DuplicateRequestId, 400, "invalid_request_error", "duplicate_request_id")
+    register_error(EngineOverloaded, 503, "service_unavailable", "engine_overloaded")
+    register_error(EngineClosed, 503, "service_unavailable", "engine_unavailable")
+    register_error(EngineDead, 503, "service_unavailable", "engine_unavailable")
+    register_error(RequestAborted, 503, "service_unavailable", "request_aborted")
+    register_error(LimiterUnavailable, 503, "service_unavailable", "rate_limiter_unavailable")
+    register_error(TemplateMismatch, 500, "internal_error", "chat_template_mismatch")
+
+
+def load_engine(model: ModelSettings, model_dir: str) -> Any:
+    from engine import AsyncEngine
+
+    return AsyncEngine.from_pretrained(model_dir, **model.engine_overrides())
+
+
+def create_app(
+    settings: Settings,
+    *,
+    engine: Any = None,
+    model_dir: str | None = None,
+    span_exporter: SpanExporter | None = None,
+) -> web.Application:
+    """The gateway. ``engine``: an AsyncEngine (not started) to use instead of loading
+    ``model_dir`` / ``KVGATE_MODEL``; ``span_exporter``: an extra exporter (tests)."""
+    register_gateway_errors()
+    if engine is None:
+        path = model_dir or settings.model.path
+        if path is None:
+            raise ValueError("no model: set KVGATE_MODEL or pass engine/model_dir")
+        engine = load_engine(settings.model, path)
+    model_name = settings.model.name or _model_name(model_dir or settings.model.path)
+    app = web.Application(
+        middlewares=[error_middleware], client_max_size=settings.server.max_body_bytes
+    )
+    app[SETTINGS] = settings
+    provider = make_tracer_provider(settings.telemetry, span_exporter)
+    app[TELEMETRY] = Telemetry(GatewayMetrics(), provider, provider.get_tracer("kvgate.gateway"))
+    db = make_engine(settings.tenants.database_url)  # connects lazily, on first use
+    store = TenantStore(
+        make_session_factory(db), default_limits=settings.tenants.default_limits, engine=db
+    )
+    tokenizer = engine.tokenizer
+    app.add_subapp(
+        ADMIN_PREFIX,
+        create_admin_app(
+            store,
+            admin_token_sha256=settings.tenants.admin_token_sha256,
+            token_counter=lambda t: len(build_prefix(tokenizer, t).ids),
+            max_prompt_tokens=max(1, engine.max_model_len // 2),
+            cache_provider=lambda tenant_id: app[STATE].pins.cache_info(tenant_id),
+        ),
+    )
+    app.cleanup_ctx.append(_lifecycle(store, db, engine, model_name))
+    app.on_shutdown.append(_start_draining)
+    app.on_response_prepare.append(_cors_headers)
+    app.router.add_post("/v1/chat/completions", views.chat_completions)
+    app.router.add_route("OPTIONS", "/v1/chat/completions", _preflight)
+    app.router.add_get("/v1/models", views.list_models)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+def _model_name(path: str | None) -> str:
+    from pathlib import Path
+
+    return Path(path).resolve().name if path else "kvgate-demo"
+
+
+def make_limiter(settings: Settings) -> Limiter:
+    rl = settings.ratelimit
+    if rl.redis_url is None:
+        return MemoryLimiter(rl.lease_ttl_s)
+    return FailoverLimiter(
+        RedisLimiter(
+            make_client(rl.redis_url, rl.redis_timeout_s), rl.redis_prefix, rl.lease_ttl_s
+        ),
+        MemoryLimiter(rl.lease_ttl_s),
+        fail_open=rl.fail_open,
+        retry_s=rl.redis_retry_s,
+    )
+
+
+def _lifecycle(store: TenantStore, db: AsyncEngine, engine: Any, model_name: str) -> Any:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        settings = app[SETTINGS]
+        tel = app[TELEMETRY]
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(_shutdown_provider, tel)
+            stack.push_async_callback(store.aclose)
+            await check_schema(db)
+            bridge = None
+            if settings.tenants.redis_url:
+                bridge = RedisEventBridge.from_url(
+                    store.bus, settings.tenants.redis_url, settings.tenants.event_channel
+                )
+                await bridge.start()
+                stack.push_async_callback(bridge.aclose)
+            limiter = make_limiter(settings)
+            stack.push_async_callback(limiter.close)
+            await engine.start()
+            stack.push_async_callback(engine.shutdown)
+            recorder = LastUsedRecorder()
+            recorder.start(store.sessions, settings.tenants.last_used_flush_s)
+            stack.push_async_callback(_flush_recorder, recorder, store)
+            keys = KeyCache(store, settings.auth.key_cache_ttl_s, on_use=recorder.record)
+            pins = PinManager(engine, engine.tokenizer, store)
+            stack.push_async_callback(pins.close)
+            state = GatewayState(store, limiter, engine, engine.tokenizer, model_name, keys, pins)
+            app[STATE] = state
+            store.bus.subscribe(keys.on_event)
+            store.bus.subscribe(pins.on_event)
+            tel.metrics.watch(engine.cache_stats, limiter)
+            pins.spawn(pins.pin_all())
+            yield
+
+    return ctx
+
+
+async def _flush_recorder(recorder: LastUsedRecorder, store: TenantStore) -> None:
+    with contextlib.suppress(Exception):  # best effort: timestamps only
+        await recorder.aclose(store.sessions)
+
+
+async def _shutdown_provider(tel: Telemetry) -> None:
+    tel.provider.shutdown()
+
+
+async def _start_draining(app: web.Application) -> None:
+    if STATE in app:
+        app[STATE].draining = True
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    checks: dict[str, bool] = {"draining": not state.draining}
+    try:
+        async with state.store.sessions() as session:
+            await session.execute(text("SELECT 1"))
+        checks["database"] = True
+    except Exception:
+        checks["database"] = False
+    if isinstance(state.limiter, FailoverLimiter):
+        checks["redis"] = await state.limiter.ping()
+    checks["engine"] = bool(state.engine.is_running)
+    checks["pins"] = state.pins.ready.is_set()
+    ok = all(checks.values())
+    return web.json_response({"ready": ok, "checks": checks}, status=200 if ok else 503)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = request.app[TELEMETRY].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+async def _cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Widget requests (their origin checked by the key cache) may be read by that origin."""
+    origin = request.get(CORS_ORIGIN)
+    if origin is not None:
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Vary"] = "Origin"
+
+
+async def _preflight(request: web.Request) -> web.Response:
+    """CORS preflight for widget keys; the real request is checked against the key's origins."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        raise ApiError(400, "CORS preflight without Origin")
+    return web.Response(
+        status=204,
+        headers={
+            "Access-Control-Allow-Origin": origin,
+            "Access-Control-Allow-Methods": "POST, OPTIONS",
+            "Access-Control-Allow-Headers": "authorization, content-type",
+            "Access-Control-Max-Age": "600",
+            "Vary": "Origin",
+        },
+    )

@@ -1,0 +1,124 @@
+"""API key -> tenant, cached in memory with a short TTL and dropped on tenant change events.
+
+The cache key is the SHA-256 of the presented key (the key itself is never kept). Only
+successful lookups are cached: a key created a moment ago must work at once. Runtime views
+(status, limits, prompt version) are cached per tenant with the same TTL and invalidated by
+events, so a suspension or a limit change applies at once on this replica and within the TTL
+on replicas that miss the event.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway.errors import ApiError
+from tenants.events import TenantChanged
+from tenants.runtime import KeyIdentity, TenantRuntime
+from tenants.store import TenantStore
+
+CORS_ORIGIN = "kvgate.cors_origin"  # request key: the checked Origin of a widget request
+
+
+@dataclass(frozen=True)
+class Principal:
+    identity: KeyIdentity
+    runtime: TenantRuntime
+
+
+class KeyCache:
+    def __init__(
+        self,
+        store: TenantStore,
+        ttl_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        on_use: Callable[[str], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._on_use = on_use  # key id -> None (records last use; no I/O)
+        self._ttl = ttl_s
+        self._clock = clock
+        self._keys: dict[str, tuple[KeyIdentity, float]] = {}  # sha256(key) -> identity, expiry
+        self._runtimes: dict[str, tuple[TenantRuntime, float]] = {}
+        self.lookups = 0  # database round trips (tests check the cache works)
+
+    async def identity(self, secret: str) -> KeyIdentity | None:
+        digest = hashlib.sha256(secret.encode()).hexdigest()
+        hit = self._keys.get(digest)
+        now = self._clock()
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        self.lookups += 1
+        ident = await self._store.authenticate_key(secret)
+        if ident is None:
+            self._keys.pop(digest, None)
+            return None
+        self._keys[digest] = (ident, now + self._ttl)
+        return ident
+
+    async def runtime(self, tenant_id: str) -> TenantRuntime | None:
+        hit = self._runtimes.get(tenant_id)
+        now = self._clock()
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        self.lookups += 1
+        rt = await self._store.get_tenant_runtime(tenant_id)
+        if rt is None:
+            self._runtimes.pop(tenant_id, None)
+            return None
+        self._runtimes[tenant_id] = (rt, now + self._ttl)
+        return rt
+
+    def invalidate(self, tenant_id: str) -> None:
+        self._runtimes.pop(tenant_id, None)
+        for digest in [d for d, (i, _) in self._keys.items() if i.tenant_id == tenant_id]:
+            del self._keys[digest]
+
+    async def on_event(self, event: TenantChanged) -> None:
+        self.invalidate(event.tenant_id)
+
+    async def authenticate(self, request: web.Request) -> Principal:
+        """401 for a missing/unknown key, 403 for a suspended tenant or a wrong widget origin."""
+        header = request.headers.get("Authorization", "")
+        scheme, _, secret = header.partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            raise ApiError(
+                401,
+                "missing API key: send 'Authorization: Bearer <key>'",
+                type_="authentication_error",
+                code="invalid_api_key",
+            )
+        ident = await self.identity(secret.strip())
+        if ident is None:
+            raise ApiError(
+                401, "invalid API key", type_="authentication_error", code="invalid_api_key"
+            )
+        if ident.kind == "widget":
+            origin = request.headers.get("Origin")
+            if origin is None or origin not in ident.allowed_origins:
+                raise ApiError(
+                    403,
+                    "this widget key is not allowed from this origin",
+                    type_="permission_error",
+                    code="origin_not_allowed",
+                )
+            request[CORS_ORIGIN] = origin
+        if self._on_use is not None:
+            self._on_use(ident.key_id)
+        rt = await self.runtime(ident.tenant_id)
+        if rt is None or rt.status == "deleted":
+            raise ApiError(
+                401, "invalid API key", type_="authentication_error", code="invalid_api_key"
+            )
+        if rt.status != "active":
+            raise ApiError(
+                403,
+                f"tenant is {rt.status}",
+                type_="permission_error",
+                code=f"tenant_{rt.status}",
+            )
+        return Principal(ident, rt)

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible chat API: schemas, prompt assembly, SSE framing and the views."""

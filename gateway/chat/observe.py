@@ -1,0 +1,162 @@
+"""Per-request telemetry: the OTel span tree, Prometheus updates and the one log line.
+
+GenAI semantic conventions on the ``chat {model}`` span: gen_ai.operation.name,
+gen_ai.provider.name, gen_ai.request.model / max_tokens / temperature / top_p / seed,
+gen_ai.response.id / model / finish_reasons, gen_ai.usage.input_tokens (cached included),
+gen_ai.usage.output_tokens, gen_ai.usage.cache_read.input_tokens.
+Queue, prefill and decode child spans are placed from the engine's own timestamps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import structlog
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from gateway.chat.generation import GenerationStats
+from gateway.chat.schemas import ChatRequest
+from gateway.context import Telemetry
+
+log = structlog.get_logger("gateway.chat")
+
+PROVIDER_NAME = "kvgate"
+
+
+def _epoch_ns(monotonic_s: float) -> int:
+    """A ``time.monotonic()`` reading as epoch nanoseconds (what span timestamps use)."""
+    return time.time_ns() - int((time.monotonic() - monotonic_s) * 1e9)
+
+
+class RequestObserver:
+    def __init__(
+        self, telemetry: Telemetry, request_id: str, tenant_id: str, started: float
+    ) -> None:
+        self._tel = telemetry
+        self.request_id = request_id
+        self.tenant_id = tenant_id
+        self.started = started
+        self.span: trace.Span = trace.INVALID_SPAN
+        self.status = 500
+        self.stream = False
+        self.stats: GenerationStats | None = None
+
+    @contextlib.contextmanager
+    def request_span(self, body: ChatRequest, max_tokens: int | None = None) -> Iterator[None]:
+        attrs: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": PROVIDER_NAME,
+            "gen_ai.request.model": body.model,
+            "gen_ai.response.id": self.request_id,
+            "kvgate.tenant.id": self.tenant_id,
+            "kvgate.stream": body.stream,
+        }
+        for key, val in (
+            ("gen_ai.request.temperature", body.temperature),
+            ("gen_ai.request.top_p", body.top_p),
+            ("gen_ai.request.seed", body.seed),
+        ):
+            if val is not None:
+                attrs[key] = val
+        self.stream = body.stream
+        tracer = self._tel.tracer
+        with tracer.start_as_current_span(
+            f"chat {body.model}",
+            kind=SpanKind.SERVER,
+            attributes=attrs,
+            start_time=_epoch_ns(self.started),
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            self.span = span
+            yield
+
+    @contextlib.contextmanager
+    def child(self, name: str) -> Iterator[None]:
+        with self._tel.tracer.start_as_current_span(name):
+            yield
+
+    def rejected(self, reason: str) -> None:
+        self._tel.metrics.ratelimit_rejections.labels(self.tenant_id, reason).inc()
+
+    def set_max_tokens(self, max_tokens: int) -> None:
+        self.span.set_attribute("gen_ai.request.max_tokens", max_tokens)
+
+    def finish(self, status: int, stats: GenerationStats | None, error: str | None = None) -> None:
+        """Close out the request: span attributes and timing children, metrics, one log line."""
+        self.status, self.stats = status, stats
+        m = self._tel.metrics
+        m.requests.labels(self.tenant_id, str(status)).inc()
+        ttft = None
+        if stats is not None:
+            self._usage_attributes(stats)
+            self._engine_spans(stats)
+            m.prefix_hit_tokens.labels(self.tenant_id).inc(stats.cached_tokens)
+            m.prefix_query_tokens.labels(self.tenant_id).inc(stats.prompt_tokens)
+            m.output_tokens.labels(self.tenant_id).inc(stats.completion_tokens)
+            if stats.first_token_at is not None:
+                ttft = stats.first_token_at - self.started
+                m.ttft.labels(self.tenant_id).observe(ttft)
+            if stats.last_token_at and stats.first_token_at and stats.completion_tokens > 1:
+                tpot = (stats.last_token_at - stats.first_token_at) / (stats.completion_tokens - 1)
+                m.tpot.labels(self.tenant_id).observe(tpot)
+        if status >= 500:
+            self.span.set_status(Status(StatusCode.ERROR, error or str(status)))
+        self.span.set_attribute("http.response.status_code", status)
+        if error:
+            self.span.set_attribute("error.type", error)
+        self._log(status, stats, ttft, error)
+
+    def _usage_attributes(self, stats: GenerationStats) -> None:
+        s = self.span
+        s.set_attribute("gen_ai.usage.input_tokens", stats.prompt_tokens)
+        s.set_attribute("gen_ai.usage.output_tokens", stats.completion_tokens)
+        s.set_attribute("gen_ai.usage.cache_read.input_tokens", stats.cached_tokens)
+        if stats.finish_reason is not None:
+            s.set_attribute("gen_ai.response.finish_reasons", [stats.finish_reason])
+
+    def _engine_spans(self, stats: GenerationStats) -> None:
+        em = stats.engine_metrics
+        if em is None:
+            return
+        end = stats.last_token_at or time.monotonic()
+        marks = [
+            ("gen_ai.queue", em.arrival_time, em.first_scheduled_time),
+            ("gen_ai.prefill", em.first_scheduled_time, em.first_token_time),
+            ("gen_ai.decode", em.first_token_time, em.finish_time or end),
+        ]
+        tracer = self._tel.tracer
+        parent = trace.set_span_in_context(self.span)
+        for name, start, stop in marks:
+            if start is None or stop is None:
+                continue
+            child = tracer.start_span(name, context=parent, start_time=_epoch_ns(start))
+            child.end(end_time=_epoch_ns(max(start, stop)))
+
+    def _log(
+        self, status: int, stats: GenerationStats | None, ttft: float | None, error: str | None
+    ) -> None:
+        ctx = self.span.get_span_context()
+        fields: dict[str, Any] = {
+            "request_id": self.request_id,
+            "tenant": self.tenant_id,
+            "trace_id": format(ctx.trace_id, "032x") if ctx.is_valid else None,
+            "status": status,
+            "stream": self.stream,
+            "duration_ms": round((time.monotonic() - self.started) * 1000, 2),
+        }
+        if stats is not None:
+            fields.update(
+                prompt_tokens=stats.prompt_tokens,
+                completion_tokens=stats.completion_tokens,
+                cached_tokens=stats.cached_tokens,
+                finish_reason=stats.finish_reason,
+                ttft_ms=round(ttft * 1000, 2) if ttft is not None else None,
+            )
+        if error:
+            fields["error"] = error
+        (log.warning if status >= 500 else log.info)("chat_request", **fields)

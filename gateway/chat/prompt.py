@@ -1,0 +1,81 @@
+"""Prompt assembly: the tenant's system prompt is its own token segment, identical every time.
+
+    rendered prefix  = template([tenant system])                   (no generation prompt)
+    rendered full    = template([tenant system] + client messages)  (with generation prompt)
+    token ids        = encode(rendered prefix) ++ encode(rendered full[len(rendered prefix):])
+
+Tokenizing the two texts separately means a BPE merge can never cross the boundary, so every
+request of a tenant starts with exactly ``prefix.ids`` whatever the conversation is: the pinned
+blocks always match. The template must render the prefix as a prefix of the full text (ChatML and
+the Llama/Qwen templates do); a template that does not is rejected loudly, never silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.chat.schemas import ChatMessage
+from gateway.errors import ApiError
+
+
+class ChatTokenizer(Protocol):
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = ...
+    ) -> str: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+class TemplateMismatch(RuntimeError):
+    """The chat template does not render the tenant prefix as a prefix of the conversation."""
+
+
+@dataclass(frozen=True)
+class TenantPrefix:
+    """The tenant's system prompt as rendered text and token ids (empty when it has none)."""
+
+    system_prompt: str | None
+    rendered: str
+    ids: tuple[int, ...]
+
+
+def build_prefix(tokenizer: ChatTokenizer, system_prompt: str | None) -> TenantPrefix:
+    if not system_prompt:
+        return TenantPrefix(None, "", ())
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "system", "content": system_prompt}], add_generation_prompt=False
+    )
+    return TenantPrefix(system_prompt, rendered, tuple(tokenizer.encode(rendered)))
+
+
+def to_template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+    # "developer" is OpenAI's newer name for a system message.
+    return [{"role": "system" if m.is_system else m.role, "content": m.text} for m in messages]
+
+
+def check_client_system(messages: Sequence[ChatMessage], allow_client_system: bool) -> None:
+    if allow_client_system:
+        return
+    for i, m in enumerate(messages):
+        if m.is_system:
+            raise ApiError(
+                400,
+                "this tenant does not accept system messages from clients",
+                param=f"messages[{i}].role",
+                code="system_message_not_allowed",
+            )
+
+
+def assemble(
+    tokenizer: ChatTokenizer, prefix: TenantPrefix, messages: Sequence[ChatMessage]
+) -> list[int]:
+    """Token ids of the whole prompt: ``prefix.ids`` followed by the conversation's ids."""
+    convo = to_template_messages(messages)
+    if prefix.system_prompt is not None:
+        convo = [{"role": "system", "content": prefix.system_prompt}, *convo]
+    full = tokenizer.apply_chat_template(convo, add_generation_prompt=True)
+    if not full.startswith(prefix.rendered):
+        raise TemplateMismatch("chat template does not render the system prompt as a prefix")
+    return [*prefix.ids, *tokenizer.encode(full[len(prefix.rendered) :])]

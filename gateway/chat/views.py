@@ -1,0 +1,248 @@
+"""``POST /v1/chat/completions`` and ``GET /v1/models``.
+
+Order of checks (each failure is an OpenAI-shaped error; nothing reaches the engine before the
+limiter admitted it)::
+
+    key (401/403) -> body (400) -> model (404) -> client system policy (400) -> prompt assembly
+    -> context length (400) -> rate limit (429 + headers) -> engine -> JSON or SSE
+
+The lease, TPM reservation and pin reference are given back in ``finally`` blocks, which also
+run when aiohttp cancels the handler because the client went away (handler cancellation is on),
+so a disconnect aborts the engine request at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+
+from aiohttp import web
+
+from engine.params import SamplingParams
+from gateway.chat.generation import Generation, GenerationStats
+from gateway.chat.observe import RequestObserver
+from gateway.chat.prompt import assemble, check_client_system
+from gateway.chat.schemas import (
+    ChatRequest,
+    chunk_body,
+    completion_body,
+    parse_chat_request,
+    usage_body,
+)
+from gateway.chat.sse import open_stream, send_done, send_event
+from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState
+from gateway.errors import ApiError, to_api_error
+from gateway.ratelimit import Decision, Limits
+from tenants.runtime import TenantRuntime
+
+CLIENT_CLOSED = 499  # status recorded when the client went away mid-request
+
+
+async def list_models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    await state.keys.authenticate(request)
+    model = {"id": state.model_name, "object": "model", "created": 0, "owned_by": "kvgate"}
+    return web.json_response({"object": "list", "data": [model]})
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    started = time.monotonic()
+    state = request.app[STATE]
+    if state.draining:
+        raise ApiError(503, "the server is shutting down", type_="service_unavailable")
+    principal = await state.keys.authenticate(request)
+    body = parse_chat_request(await request.read())
+    if body.model != state.model_name:
+        raise ApiError(
+            404,
+            f"the model {body.model!r} does not exist",
+            code="model_not_found",
+            param="model",
+        )
+    check_client_system(body.messages, principal.runtime.allow_client_system)
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    obs = RequestObserver(request.app[TELEMETRY], rid, principal.runtime.tenant_id, started)
+    with obs.request_span(body):
+        status, stats, error = CLIENT_CLOSED, None, None
+        try:
+            resp, stats = await _serve(request, state, principal.runtime, body, rid, obs)
+            status = resp.status
+            resp.headers["x-request-id"] = rid  # ignored once a stream is prepared
+            return resp
+        except ApiError as exc:
+            status, error = exc.status, exc.code or exc.type
+            raise
+        except asyncio.CancelledError:
+            error = "client_disconnected"
+            raise
+        except Exception as exc:
+            mapped = to_api_error(exc)
+            status = mapped.status if mapped else 500
+            error = type(exc).__name__
+            raise
+        finally:
+            obs.finish(status, stats, error)
+
+
+async def _serve(
+    request: web.Request,
+    state: GatewayState,
+    rt: TenantRuntime,
+    body: ChatRequest,
+    rid: str,
+    obs: RequestObserver,
+) -> tuple[web.StreamResponse, GenerationStats]:
+    entry = state.pins.begin(rt)
+    gen: Generation | None = None
+    try:
+        prompt_ids = assemble(state.tokenizer, entry.prefix, body.messages)
+        max_tokens = resolve_max_tokens(
+            body,
+            rt,
+            len(prompt_ids),
+            state.engine.max_model_len,
+            request.app[SETTINGS].model.default_max_tokens,
+        )
+        obs.set_max_tokens(max_tokens)
+        decision = await _admit(state, rt, len(prompt_ids) + max_tokens, obs)
+        headers = {**decision.headers(), "x-request-id": rid}
+        assert decision.lease is not None
+        used = 0
+        try:
+            gen = Generation(
+                state.engine,
+                state.tokenizer,
+                prompt_ids,
+                sampling_params(body, max_tokens),
+                namespace=entry.namespace,
+                request_id=rid,
+                stops=body.stop_strings,
+            )
+            await gen.start()
+            used = len(prompt_ids)
+            if body.stream:
+                resp = await _stream(request, gen, body, rid, headers)
+            else:
+                resp = await _complete(gen, body, rid, headers)
+            used = len(prompt_ids) + gen.stats.completion_tokens
+            return resp, gen.stats
+        finally:
+            if gen is not None:
+                await gen.close()
+                used = max(used, len(prompt_ids) + gen.stats.completion_tokens)
+            await state.limiter.release(decision.lease, used)
+    finally:
+        stats = gen.stats if gen is not None else None
+        await state.pins.end(
+            entry,
+            stats.prompt_tokens if stats and stats.engine_metrics else 0,
+            stats.cached_tokens if stats else 0,
+        )
+
+
+def resolve_max_tokens(
+    body: ChatRequest, rt: TenantRuntime, n_prompt: int, max_model_len: int, default: int
+) -> int:
+    cap = rt.limits.max_output_tokens or default
+    room = max_model_len - n_prompt
+    if room < 1:
+        raise ApiError(
+            400,
+            f"this model's maximum context length is {max_model_len} tokens; the messages "
+            f"resulted in {n_prompt} tokens",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    requested = body.requested_max_tokens
+    if requested is None:
+        return min(default, cap, room)
+    if requested > cap:
+        raise ApiError(
+            400,
+            f"max_tokens is too large: {requested}; this tenant allows at most {cap}",
+            param="max_tokens",
+            code="max_tokens_exceeded",
+        )
+    if requested > room:
+        raise ApiError(
+            400,
+            f"this model's maximum context length is {max_model_len} tokens; you requested "
+            f"{n_prompt + requested} tokens ({n_prompt} in the messages, {requested} for the "
+            "completion)",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return requested
+
+
+def sampling_params(body: ChatRequest, max_tokens: int) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=body.seed,
+    )
+
+
+async def _admit(
+    state: GatewayState, rt: TenantRuntime, tokens: int, obs: RequestObserver
+) -> Decision:
+    lim = rt.limits
+    limits = Limits(rpm=lim.rpm or 0, tpm=lim.tpm or 0, max_concurrency=lim.max_concurrency or 0)
+    with obs.child("gen_ai.rate_limit"):
+        decision = await state.limiter.acquire(rt.tenant_id, limits, tokens)
+    if decision.allowed:
+        return decision
+    obs.rejected(decision.reason or "unknown")
+    raise rate_limit_error(decision)
+
+
+def rate_limit_error(decision: Decision) -> ApiError:
+    what = {
+        "requests": "requests per minute",
+        "tokens": "tokens per minute",
+        "concurrency": "concurrent requests",
+        "too_large": "tokens per minute (this request alone exceeds the limit)",
+    }.get(decision.reason or "", "rate limit")
+    return ApiError(
+        429,
+        f"rate limit reached for {what}",
+        type_="rate_limit_exceeded",
+        code="rate_limit_exceeded",
+        headers=decision.headers(),
+    )
+
+
+async def _complete(
+    gen: Generation, body: ChatRequest, rid: str, headers: dict[str, str]
+) -> web.Response:
+    parts: list[str] = []
+    async with contextlib.aclosing(gen.text()) as deltas:
+        async for delta in deltas:
+            parts.append(delta)
+    s = gen.stats
+    usage = usage_body(s.prompt_tokens, s.completion_tokens, s.cached_tokens)
+    out = completion_body(rid, body.model, "".join(parts), s.finish_reason or "stop", usage)
+    return web.json_response(out, headers=headers)
+
+
+async def _stream(
+    request: web.Request, gen: Generation, body: ChatRequest, rid: str, headers: dict[str, str]
+) -> web.StreamResponse:
+    resp = await open_stream(request, headers)
+    created = int(time.time())
+    await send_event(resp, chunk_body(rid, body.model, created, {"role": "assistant"}))
+    async with contextlib.aclosing(gen.text()) as deltas:
+        async for delta in deltas:
+            await send_event(resp, chunk_body(rid, body.model, created, {"content": delta}))
+    s = gen.stats
+    final = chunk_body(rid, body.model, created, {}, finish_reason=s.finish_reason or "stop")
+    await send_event(resp, final)
+    if body.include_usage:
+        usage = usage_body(s.prompt_tokens, s.completion_tokens, s.cached_tokens)
+        await send_event(resp, chunk_body(rid, body.model, created, None, usage=usage))
+    await send_done(resp)
+    await resp.write_eof()
+    return resp

@@ -1,0 +1,45 @@
+"""Typed application keys: what ``create_app`` puts on the app and views read.
+
+Resources (database, limiter, engine, pins) are opened and closed by ``cleanup_ctx`` in
+gateway/app.py; ``GatewayState`` holds the ones that exist only while the app runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Tracer
+
+from gateway.auth import KeyCache
+from gateway.pins import PinManager
+from gateway.ratelimit import Limiter
+from gateway.settings import Settings
+from gateway.telemetry import GatewayMetrics
+from tenants.store import TenantStore
+
+
+@dataclass
+class GatewayState:
+    store: TenantStore
+    limiter: Limiter
+    engine: Any  # engine.AsyncEngine (or a compatible object in benchmarks)
+    tokenizer: Any
+    model_name: str
+    keys: KeyCache
+    pins: PinManager
+    draining: bool = False  # set at shutdown: /readyz answers 503, new requests are refused
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    metrics: GatewayMetrics
+    provider: TracerProvider
+    tracer: Tracer
+
+
+SETTINGS = web.AppKey("settings", Settings)
+TELEMETRY = web.AppKey("telemetry", Telemetry)
+STATE = web.AppKey("state", GatewayState)

@@ -1,0 +1,230 @@
+"""Pinned tenant prefixes: each active tenant's system prompt stays in the KV cache.
+
+Per tenant there is one *current* entry (the version traffic uses) and possibly retiring ones::
+
+    start-up:        pin every active tenant, most recently used first (the engine's pin cap
+                     refuses the rest: they fall back to normal cache retention)
+    prompt change:   build + pin the new version  ->  switch current  ->  old entry retires
+    retiring entry:  unpinned as soon as its last in-flight request ends
+
+Requests take an entry with ``begin`` and give it back with ``end`` (in ``finally``), so an
+entry's ``inflight`` count is exact and a version is never unpinned under a running request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from sqlalchemy import func, select
+
+from engine.errors import PinRejected
+from gateway.chat.prompt import ChatTokenizer, TenantPrefix, build_prefix
+from tenants.events import TenantChanged
+from tenants.models import ApiKey
+from tenants.runtime import TenantRuntime
+from tenants.store import TenantStore
+
+log = structlog.get_logger(__name__)
+
+# Pin states reported by the admin cache endpoint.
+NO_PROMPT = "no_prompt"  # tenant has no system prompt: nothing to pin
+PINNING = "pinning"
+PINNED = "pinned"
+REJECTED = "rejected"  # refused by the engine (pin cap, prompt shorter than a block, ...)
+UNPINNED = "unpinned"  # built on the request path, not (yet) pinned
+
+
+@dataclass(eq=False)
+class PromptEntry:
+    tenant_id: str
+    version: int | None
+    namespace: str = field(repr=False)  # the tenant's cache salt: never logged or returned
+    prefix: TenantPrefix = field(repr=False)
+    state: str = UNPINNED
+    handle: Any = None  # engine PinHandle while pinned
+    reason: str | None = None
+    inflight: int = 0
+    retiring: bool = False
+
+
+@dataclass
+class TenantCounters:
+    requests: int = 0
+    query_tokens: int = 0  # prompt tokens looked up
+    hit_tokens: int = 0  # of which served from the prefix cache
+
+
+class PinManager:
+    def __init__(self, engine: Any, tokenizer: ChatTokenizer, store: TenantStore) -> None:
+        self._engine = engine
+        self._tokenizer = tokenizer
+        self._store = store
+        self._current: dict[str, PromptEntry] = {}
+        self._retiring: list[PromptEntry] = []
+        self._counters: dict[str, TenantCounters] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.ready = asyncio.Event()  # set once start-up pinning has finished
+
+    # -- start-up and events ----------------------------------------------------------------
+    async def pin_all(self) -> None:
+        try:
+            runtimes = await self._store.list_active_runtimes()
+            for rt in await order_by_recent_use(self._store, runtimes):
+                await self.activate(rt)
+        finally:
+            self.ready.set()
+
+    async def on_event(self, event: TenantChanged) -> None:
+        if event.kind not in ("created", "updated", "prompt", "deleted"):
+            return  # keys and limits do not change the prefix
+        rt = await self._store.get_tenant_runtime(event.tenant_id)
+        if rt is None or rt.status != "active":
+            cur = self._current.pop(event.tenant_id, None)
+            if cur is not None:
+                await self._retire(cur)
+            return
+        await self.activate(rt)
+
+    async def activate(self, rt: TenantRuntime) -> PromptEntry:
+        """Make ``rt``'s prompt version current: pin it first, then switch, then retire the old."""
+        async with self._locks.setdefault(rt.tenant_id, asyncio.Lock()):
+            cur = self._current.get(rt.tenant_id)
+            if cur is not None and _same(cur, rt):
+                return cur
+            entry = self._new_entry(rt)
+            await self._pin(entry)
+            self._current[rt.tenant_id] = entry
+            if cur is not None:
+                await self._retire(cur)
+            return entry
+
+    def _new_entry(self, rt: TenantRuntime) -> PromptEntry:
+        prefix = build_prefix(self._tokenizer, rt.prompt_text)
+        state = UNPINNED if prefix.ids else NO_PROMPT
+        return PromptEntry(rt.tenant_id, rt.prompt_version, rt.cache_salt, prefix, state)
+
+    async def _pin(self, entry: PromptEntry) -> None:
+        if not entry.prefix.ids:
+            return
+        entry.state = PINNING
+        try:
+            entry.handle = await self._engine.pin_prefix(entry.namespace, list(entry.prefix.ids))
+            entry.state = PINNED
+        except PinRejected as exc:
+            entry.state, entry.reason = REJECTED, exc.reason or str(exc)
+            log.info("prefix_pin_rejected", tenant=entry.tenant_id, reason=entry.reason)
+
+    async def _retire(self, entry: PromptEntry) -> None:
+        entry.retiring = True
+        if entry.inflight == 0:
+            await self._unpin(entry)
+        else:
+            self._retiring.append(entry)
+
+    async def _unpin(self, entry: PromptEntry) -> None:
+        if entry in self._retiring:
+            self._retiring.remove(entry)
+        if entry.handle is not None:
+            handle, entry.handle = entry.handle, None
+            await self._engine.unpin(handle)
+            entry.state = UNPINNED
+
+    # -- request path ------------------------------------------------------------------------
+    def begin(self, rt: TenantRuntime) -> PromptEntry:
+        """The entry a request uses; take it before generating, ``end`` it in ``finally``.
+
+        A version this replica has not activated yet (missed event, first request of a tenant)
+        is activated in the background. Until it is pinned, traffic stays on the current
+        entry; a tenant without one is served an unpinned entry built on the spot.
+        """
+        cur = self._current.get(rt.tenant_id)
+        if cur is None or not _same(cur, rt):
+            lock = self._locks.get(rt.tenant_id)
+            if lock is None or not lock.locked():
+                self.spawn(self.activate(rt))
+            if cur is None:
+                cur = self._new_entry(rt)
+        cur.inflight += 1
+        return cur
+
+    async def end(self, entry: PromptEntry, prompt_tokens: int, cached_tokens: int) -> None:
+        entry.inflight -= 1
+        assert entry.inflight >= 0, f"inflight below zero for tenant {entry.tenant_id}"
+        counters = self._counters.setdefault(entry.tenant_id, TenantCounters())
+        counters.requests += 1
+        counters.query_tokens += prompt_tokens
+        counters.hit_tokens += cached_tokens
+        if entry.retiring and entry.inflight == 0:
+            await self._unpin(entry)
+
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` in the background; cancelled by ``close``."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- reporting ---------------------------------------------------------------------------
+    def current(self, tenant_id: str) -> PromptEntry | None:
+        return self._current.get(tenant_id)
+
+    def cache_info(self, tenant_id: str) -> dict[str, Any]:
+        """What GET /admin/v1/tenants/{id}/cache reports (never the salt or prompt text)."""
+        cur = self._current.get(tenant_id)
+        counters = self._counters.get(tenant_id, TenantCounters())
+        handle = cur.handle if cur is not None else None
+        return {
+            "tenant_id": tenant_id,
+            "prompt_version": cur.version if cur else None,
+            "pin_state": cur.state if cur else UNPINNED,
+            "pin_reason": cur.reason if cur else None,
+            "prefix_tokens": len(cur.prefix.ids) if cur else 0,
+            "pinned_blocks": len(handle.block_ids) if handle is not None else 0,
+            "pinned_tokens": handle.num_tokens if handle is not None else 0,
+            "inflight_requests": cur.inflight if cur else 0,
+            "retiring_versions": [e.version for e in self._retiring if e.tenant_id == tenant_id],
+            "requests": counters.requests,
+            "query_tokens": counters.query_tokens,
+            "hit_tokens": counters.hit_tokens,
+            "hit_rate": counters.hit_tokens / counters.query_tokens if counters.query_tokens else 0,
+        }
+
+    def check_integrity(self) -> None:
+        for tenant_id, entry in self._current.items():
+            assert entry.tenant_id == tenant_id and not entry.retiring, f"bad current {tenant_id}"
+            assert entry.inflight >= 0, f"negative inflight {tenant_id}"
+            assert (entry.state == PINNED) == (entry.handle is not None), f"pin state {tenant_id}"
+        for entry in self._retiring:
+            assert entry.retiring and entry.inflight > 0, f"idle retiring {entry.tenant_id}"
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def _same(entry: PromptEntry, rt: TenantRuntime) -> bool:
+    return entry.version == rt.prompt_version and entry.namespace == rt.cache_salt
+
+
+async def order_by_recent_use(
+    store: TenantStore, runtimes: Sequence[TenantRuntime]
+) -> list[TenantRuntime]:
+    """Most recently used first (by their keys' last use); never-used tenants last, by id."""
+    async with store.sessions() as session:
+        rows = await session.execute(
+            select(ApiKey.tenant_id, func.max(ApiKey.last_used_at)).group_by(ApiKey.tenant_id)
+        )
+        last_used = {tenant_id: at for tenant_id, at in rows if at is not None}
+    used = sorted(
+        (rt for rt in runtimes if rt.tenant_id in last_used),
+        key=lambda rt: last_used[rt.tenant_id],
+        reverse=True,
+    )
+    return used + [rt for rt in runtimes if rt.tenant_id not in last_used]

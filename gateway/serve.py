@@ -1,0 +1,106 @@
+"""``kvgate serve [--host H] [--port P]``: run the gateway until SIGINT/SIGTERM.
+
+With no configuration at all this is the embedded default, ready to use:
+
+    var/kvgate.db                SQLite tenant store, migrated to head on first start
+    var/demo-model/              the deterministic demo model, written on first start
+    var/admin-token.sha256       hash of the admin token generated on first start (the token
+                                 itself is printed once, then never again)
+    in-process rate limiter      (KVGATE_REDIS_URL unset)
+
+Shutdown is graceful: listening stops at once, in-flight streams get KVGATE_SHUTDOWN_TIMEOUT_S
+to finish, then are cancelled (which aborts their engine requests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import secrets
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from aiohttp import web
+
+from gateway.settings import Settings, SettingsError
+
+TOKEN_FILE = "admin-token.sha256"
+
+
+def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kvgate serve", description="run the kvgate gateway")
+    parser.add_argument("--host", help="listen address (default: KVGATE_HOST, 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="listen port (default: KVGATE_PORT, 8000)")
+    return parser.parse_args(list(argv))
+
+
+def admin_token_env(env: Mapping[str, str], var_dir: Path) -> tuple[dict[str, str], str | None]:
+    """Environment with an admin token: configured, remembered, or generated now.
+
+    Returns the environment and the token when one was generated (to print once)."""
+    out = dict(env)
+    if out.get("KVGATE_ADMIN_TOKEN") or out.get("KVGATE_ADMIN_TOKEN_SHA256"):
+        return out, None
+    path = var_dir / TOKEN_FILE
+    if path.is_file():
+        out["KVGATE_ADMIN_TOKEN_SHA256"] = path.read_text().strip()
+        return out, None
+    token = f"kvgadm_{secrets.token_urlsafe(32)}"
+    var_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(hashlib.sha256(token.encode()).hexdigest() + "\n")
+    path.chmod(0o600)
+    out["KVGATE_ADMIN_TOKEN_SHA256"] = hashlib.sha256(token.encode()).hexdigest()
+    return out, token
+
+
+def ensure_demo_model(var_dir: Path) -> Path:
+    from engine.model.demo import write_demo_model
+
+    path = var_dir / "demo-model"
+    if not (path / "config.json").is_file():
+        print(f"kvgate serve: writing the demo model to {path}", file=sys.stderr)
+        write_demo_model(path)
+    return path
+
+
+def prepare_database(url: str) -> None:
+    """SQLite (the embedded default) migrates itself; PostgreSQL needs ``kvgate migrate``."""
+    if url.startswith("sqlite"):
+        from tenants.migrate import upgrade_to_head
+
+        asyncio.run(upgrade_to_head(url))
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parse_args(argv[1:])  # argv[0] is "serve"
+    try:
+        base = Settings.from_env(os.environ)
+        env, new_token = admin_token_env(os.environ, base.server.var_dir)
+        settings = Settings.from_env(env)
+    except SettingsError as exc:
+        print(f"kvgate serve: configuration error: {exc}", file=sys.stderr)
+        return 2
+    from gateway.app import create_app
+    from gateway.telemetry import configure_logging
+
+    configure_logging(settings.telemetry)
+    prepare_database(settings.tenants.database_url)
+    model_dir = settings.model.path or str(ensure_demo_model(settings.server.var_dir))
+    if new_token is not None:
+        print(f"kvgate serve: admin token (shown once, keep it): {new_token}", flush=True)
+    app = create_app(settings, model_dir=model_dir)
+    host = args.host or settings.server.host
+    port = settings.server.port if args.port is None else args.port
+    web.run_app(
+        app,
+        host=host,
+        port=port,
+        shutdown_timeout=settings.server.shutdown_timeout_s,
+        handler_cancellation=True,
+        access_log=None,
+        print=lambda msg: print(f"kvgate serve: {msg}", flush=True),
+    )
+    return 0

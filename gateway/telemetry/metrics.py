@@ -1,0 +1,118 @@
+"""Prometheus metrics in a registry owned by one app (never the process-global registry).
+
+Counters and histograms are updated by the chat view; gauges of the engine's KV pool and the
+limiter state are read at scrape time by a collector, so they are never stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class _StateCollector(Collector):
+    """Scrape-time gauges from ``cache_stats()`` and the limiter's fail-over counters."""
+
+    def __init__(self, cache_stats: Callable[[], Any] | None, limiter: Any) -> None:
+        self._cache_stats = cache_stats
+        self._limiter = limiter
+
+    def collect(self) -> Iterator[Any]:
+        if self._cache_stats is not None:
+            stats = self._cache_stats()
+            blocks = GaugeMetricFamily("kvgate_kv_blocks", "KV cache blocks", labels=["state"])
+            for state in ("total", "free", "pinned"):
+                value = _stat(stats, f"blocks_{state}")
+                if value is not None:
+                    blocks.add_metric([state], float(value))
+            yield blocks
+        if self._limiter is not None and hasattr(self._limiter, "failovers"):
+            yield GaugeMetricFamily(
+                "kvgate_ratelimit_redis_down",
+                "1 while the shared limiter is unreachable",
+                value=float(self._limiter.down),
+            )
+            yield CounterMetricFamily(
+                "kvgate_ratelimit_failovers",
+                "Redis limiter UP -> DOWN transitions",
+                value=float(self._limiter.failovers),
+            )
+            yield CounterMetricFamily(
+                "kvgate_ratelimit_fallback_decisions",
+                "admissions decided in-process while Redis was down",
+                value=float(self._limiter.fallback_decisions),
+            )
+
+
+def _stat(stats: Any, *names: str) -> float | None:
+    for name in names:
+        value = stats.get(name) if isinstance(stats, dict) else getattr(stats, name, None)
+        if value is not None:
+            return float(value)
+    return None
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "kvgate_requests",
+            "chat requests by tenant and HTTP status",
+            ["tenant", "status"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "kvgate_ttft_seconds",
+            "time to first token",
+            ["tenant"],
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "kvgate_time_per_output_token_seconds",
+            "decode time per output token after the first",
+            ["tenant"],
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
+        self.prefix_hit_tokens = Counter(
+            "kvgate_prefix_cache_hit_tokens",
+            "prompt tokens served from the prefix cache",
+            ["tenant"],
+            registry=r,
+        )
+        self.prefix_query_tokens = Counter(
+            "kvgate_prefix_cache_query_tokens",
+            "prompt tokens looked up in the prefix cache",
+            ["tenant"],
+            registry=r,
+        )
+        self.output_tokens = Counter(
+            "kvgate_output_tokens", "generated tokens", ["tenant"], registry=r
+        )
+        self.ratelimit_rejections = Counter(
+            "kvgate_ratelimit_rejections",
+            "429 answers by tenant and exhausted limit",
+            ["tenant", "reason"],
+            registry=r,
+        )
+        self._state: _StateCollector | None = None
+
+    def watch(self, cache_stats: Callable[[], Any] | None, limiter: Any) -> None:
+        """Register the scrape-time collector (once the engine and limiter exist)."""
+        if self._state is not None:
+            self.registry.unregister(self._state)
+        self._state = _StateCollector(cache_stats, limiter)
+        self.registry.register(self._state)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,37 @@
+"""The app's own TracerProvider (never the global one).
+
+OTLP/HTTP export when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set; tests pass an in-memory exporter.
+Span layout of one chat request (GenAI semantic conventions)::
+
+    chat {model}                      SpanKind.SERVER, gen_ai.* request/usage attributes
+      ├─ gen_ai.rate_limit           one limiter round trip
+      ├─ gen_ai.queue                 submitted -> first scheduled step (engine timings)
+      ├─ gen_ai.prefill               first scheduled step -> first token
+      └─ gen_ai.decode                first token -> last token
+"""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
+
+from gateway.settings import TelemetrySettings
+
+
+def make_tracer_provider(
+    settings: TelemetrySettings, exporter: SpanExporter | None = None
+) -> TracerProvider:
+    provider = TracerProvider(resource=Resource.create({"service.name": settings.service_name}))
+    if exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    if settings.otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        # The exporter reads OTEL_EXPORTER_OTLP_* itself (endpoint + /v1/traces, headers).
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    return provider

@@ -1,0 +1,145 @@
+"""A live gateway on loopback for tests: fresh PostgreSQL database, demo model, admin client.
+
+async with live_gateway(settings, model_dir) as gw:
+    tenant = await gw.create_tenant("acme", system_prompt="...")
+    client = gw.openai(tenant.key)          # openai.AsyncOpenAI against this server
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+from aiohttp import web
+from openai import AsyncOpenAI
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from gateway.app import create_app
+from gateway.context import STATE
+from gateway.settings import Settings
+
+PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+ADMIN_TOKEN = "test-admin-token-0123456789"
+KV_CACHE_BYTES = 8 << 20  # demo model: 8 MiB of KV is a few hundred 16-token blocks
+
+
+async def create_database() -> str:
+    name = f"kvgate_gw_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(PG_ADMIN_DSN)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return name
+
+
+async def drop_database(name: str) -> None:
+    conn = await asyncpg.connect(PG_ADMIN_DSN)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+def pg_url(name: str) -> str:
+    return f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
+
+
+def make_settings(database_url: str, tmp_path: Path, **env: str) -> Settings:
+    base = {
+        "KVGATE_DATABASE_URL": database_url,
+        "KVGATE_ADMIN_TOKEN": ADMIN_TOKEN,
+        "KVGATE_VAR_DIR": str(tmp_path / "var"),
+        "KVGATE_DEVICE": "cpu",
+        "KVGATE_KV_CACHE_BYTES": str(KV_CACHE_BYTES),
+        "KVGATE_DEFAULT_MAX_TOKENS": "8",
+        "KVGATE_LOG_JSON": "true",
+    }
+    return Settings.from_env({**base, **env})
+
+
+@dataclass(frozen=True)
+class TenantHandle:
+    id: str
+    key: str
+
+
+class LiveGateway:
+    def __init__(self, app: web.Application, base_url: str, spans: InMemorySpanExporter) -> None:
+        self.app = app
+        self.base_url = base_url
+        self.spans = spans
+        self.http = aiohttp.ClientSession()
+
+    @property
+    def state(self) -> Any:
+        return self.app[STATE]
+
+    def openai(self, key: str, **kwargs: Any) -> AsyncOpenAI:
+        return AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=key, max_retries=0, **kwargs)
+
+    async def admin(self, method: str, path: str, body: Any = None) -> Any:
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        url = f"{self.base_url}/admin/v1{path}"
+        async with self.http.request(method, url, json=body, headers=headers) as resp:
+            data = await resp.json()
+            assert resp.status < 300, (resp.status, data)
+            return data
+
+    async def create_tenant(
+        self,
+        prefix: str,
+        *,
+        system_prompt: str | None = None,
+        limits: Mapping[str, int] | None = None,
+        allow_client_system: bool = True,
+    ) -> TenantHandle:
+        tenant_id = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        body: dict[str, Any] = {"id": tenant_id, "name": prefix}
+        body["allow_client_system"] = allow_client_system
+        if system_prompt is not None:
+            body["system_prompt"] = system_prompt
+        if limits is not None:
+            body["limits"] = dict(limits)
+        await self.admin("POST", "/tenants", body)
+        key = await self.admin("POST", f"/tenants/{tenant_id}/keys", {"kind": "server"})
+        return TenantHandle(tenant_id, key["key"])
+
+    async def wait_pinned(self, tenant_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        """Wait until the tenant's current prompt is pinned (or refused) by the pin manager."""
+        async with asyncio.timeout(timeout):
+            while True:
+                info = await self.admin("GET", f"/tenants/{tenant_id}/cache")
+                if info["pin_state"] in ("pinned", "rejected", "no_prompt"):
+                    return info
+                await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        await self.http.close()
+
+
+@contextlib.asynccontextmanager
+async def live_gateway(
+    settings: Settings, model_dir: Path, *, shutdown_timeout: float = 2.0
+) -> AsyncIterator[LiveGateway]:
+    spans = InMemorySpanExporter()
+    app = create_app(settings, model_dir=str(model_dir), span_exporter=spans)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    gw = LiveGateway(app, f"http://{host}:{port}", spans)
+    try:
+        await app[STATE].pins.ready.wait()
+        yield gw
+    finally:
+        await gw.close()
+        await runner.cleanup()
