@@ -30,6 +30,9 @@ def make_engine(url: str, *, connect_timeout_s: float = 5.0, **kwargs: Any) -> A
             Path(db).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url, connect_args={"timeout": connect_timeout_s}, **kwargs)
         event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
+        if db and db != ":memory:":
+            # WAL: readers (the request path) do not wait for a writer (the admin API).
+            event.listen(engine.sync_engine, "connect", _sqlite_wal)
         return engine
     connect_args = {"timeout": connect_timeout_s}  # asyncpg's connect timeout
     return create_async_engine(url, pool_pre_ping=True, connect_args=connect_args, **kwargs)
@@ -39,6 +42,12 @@ def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA busy_timeout=5000")
+    cur.close()
+
+
+def _sqlite_wal(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
     cur.close()
 
 

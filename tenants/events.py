@@ -88,42 +88,90 @@ async def _call(listener: Listener, event: TenantChanged) -> None:
 
 
 class RedisEventBridge:
-    """Bridges an ``EventBus`` to a Redis pub/sub channel (``redis.asyncio`` client)."""
+    """Bridges an ``EventBus`` to a Redis pub/sub channel (``redis.asyncio`` client).
 
-    def __init__(self, bus: EventBus, redis: Any, channel: str) -> None:
+    If the subscription drops, it is re-established with capped exponential backoff; events
+    published meanwhile are lost, so ``on_resync`` (when given) is awaited after each
+    re-subscription for the owner to reload whatever it caches.
+    """
+
+    def __init__(
+        self,
+        bus: EventBus,
+        redis: Any,
+        channel: str,
+        *,
+        on_resync: Callable[[], Awaitable[None]] | None = None,
+        retry_s: float = 0.5,
+        max_retry_s: float = 10.0,
+    ) -> None:
         self._bus = bus
         self._redis = redis
         self.channel = channel
         self.origin = secrets.token_hex(8)
+        self._on_resync = on_resync
+        self._retry_s = retry_s
+        self._max_retry_s = max_retry_s
         self._task: asyncio.Task[None] | None = None
         self._remove_forwarder: Callable[[], None] | None = None
 
     @classmethod
-    def from_url(cls, bus: EventBus, url: str, channel: str) -> RedisEventBridge:
+    def from_url(cls, bus: EventBus, url: str, channel: str, **kwargs: Any) -> RedisEventBridge:
         import redis.asyncio as aioredis
 
-        return cls(bus, aioredis.from_url(url), channel)
+        return cls(bus, aioredis.from_url(url), channel, **kwargs)
 
     async def start(self) -> None:
-        """Subscribe, then begin forwarding; returns once the subscription is active."""
-        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-        await pubsub.subscribe(self.channel)
-        self._task = asyncio.create_task(self._listen(pubsub))
+        """Subscribe (raises if Redis is unreachable now), then begin forwarding."""
+        pubsub = await self._subscribe()
+        self._task = asyncio.create_task(self._run(pubsub))
         self._remove_forwarder = self._bus.add_forwarder(self.send)
 
     async def send(self, event: TenantChanged) -> None:
         message = json.dumps({"origin": self.origin, "event": event.to_json()})
         await self._redis.publish(self.channel, message)
 
-    async def _listen(self, pubsub: Any) -> None:
+    async def _subscribe(self) -> Any:
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         try:
-            async for message in pubsub.listen():
-                if message.get("type") != "message":
-                    continue
-                await self._handle(message["data"])
-        finally:
+            await pubsub.subscribe(self.channel)
+        except BaseException:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
+            raise
+        return pubsub
+
+    async def _run(self, pubsub: Any) -> None:
+        while True:
+            try:
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        await self._handle(message["data"])
+                return  # listen() ends only after an unsubscribe
+            except Exception as exc:
+                log.warning("tenant_events_redis_lost", channel=self.channel, error=repr(exc))
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+            pubsub = await self._resubscribe()
+            if self._on_resync is not None:
+                try:
+                    await self._on_resync()
+                except Exception:
+                    log.exception("tenant_events_resync_failed", channel=self.channel)
+
+    async def _resubscribe(self) -> Any:
+        delay = self._retry_s
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                pubsub = await self._subscribe()
+            except Exception as exc:
+                log.warning("tenant_events_redis_retry", channel=self.channel, error=repr(exc))
+                delay = min(delay * 2, self._max_retry_s)
+                continue
+            log.info("tenant_events_redis_resubscribed", channel=self.channel)
+            return pubsub
 
     async def _handle(self, raw: bytes | str) -> None:
         try:
@@ -131,7 +179,7 @@ class RedisEventBridge:
             if payload.get("origin") == self.origin:
                 return
             event = TenantChanged.from_json(payload["event"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("tenant_event_malformed", channel=self.channel)
             return
         await self._bus.deliver(event)

@@ -92,3 +92,12 @@ async def check_schema(engine: AsyncEngine) -> None:
             f"tenant database schema is at {have}; this version needs "
             f"{', '.join(sorted(expected))}: run `kvgate migrate`"
         )
+
+
+async def prepare_schema(engine: AsyncEngine) -> None:
+    """Start-up policy: SQLite (the embedded default) migrates itself to head; any other database
+    must already be at head, else ``SchemaOutdated`` tells the operator to run `kvgate migrate`."""
+    if engine.dialect.name == "sqlite":
+        await migrate_engine(engine, "upgrade", "head")
+    else:
+        await check_schema(engine)

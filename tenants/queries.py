@@ -118,12 +118,7 @@ async def list_audit(
     if tenant_id is not None:
         stmt = stmt.where(AuditLog.tenant_id == tenant_id)
     if cursor:
-        try:
-            stmt = stmt.where(AuditLog.id < int(cursor))
-        except ValueError:
-            raise InvalidField(
-                "cursor must be a cursor returned by this endpoint", param="cursor"
-            ) from None
+        stmt = stmt.where(AuditLog.id < _audit_cursor(cursor))
     rows = list((await session.scalars(stmt)).all())
     more = len(rows) > limit
     rows = rows[:limit]
@@ -131,6 +126,16 @@ async def list_audit(
         data=[AuditOut.model_validate(r) for r in rows],
         next_cursor=str(rows[-1].id) if more else None,
     )
+
+
+def _audit_cursor(cursor: str) -> int:
+    try:
+        value = int(cursor)
+    except ValueError:
+        value = -1
+    if not 0 < value < 2**63:
+        raise InvalidField("cursor must be a cursor returned by this endpoint", param="cursor")
+    return value
 
 
 async def check_store_integrity(session: AsyncSession) -> None:

@@ -303,7 +303,8 @@ async def test_audit(api: TestClient) -> None:
     first = await call(api, "GET", "/audit?limit=3", 200)
     second = await call(api, "GET", f"/audit?limit=3&cursor={first['next_cursor']}", 200)
     assert len(first["data"]) == 3 and first["data"][-1]["id"] > second["data"][0]["id"]
-    assert error(await call(api, "GET", "/audit?cursor=abc", 422))["param"] == "cursor"
+    for cursor in ("abc", "0", str(2**64)):
+        assert error(await call(api, "GET", f"/audit?cursor={cursor}", 422))["param"] == "cursor"
 
 
 async def test_database_unreachable_is_503() -> None:

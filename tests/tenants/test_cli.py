@@ -87,3 +87,43 @@ def test_cli_errors(cli_db: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:  # argparse usage error
         main(["tenants", "create-key", "dup", "--kind", "root"])
     assert exc.value.code == 2
+
+
+def test_cli_announces_changes_over_redis(
+    cli_db: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With KVGATE_REDIS_URL set, a CLI change reaches running gateways' event channel."""
+    import json
+    import secrets
+    import time
+
+    import redis
+
+    channel = f"kvgate-test-{secrets.token_hex(6)}:tenants"
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+    try:
+        client.ping()
+    except redis.ConnectionError as exc:
+        pytest.skip(f"Redis not reachable: {exc}")
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(channel)
+    try:
+        assert _run(capsys, "migrate")[0] == 0
+        monkeypatch.setenv("KVGATE_REDIS_URL", "redis://127.0.0.1:6379/0")
+        monkeypatch.setenv("KVGATE_TENANT_EVENT_CHANNEL", channel)
+        assert _run(capsys, "tenants", "create", "acme", "--name", "A", "--prompt", "p")[0] == 0
+        assert _run(capsys, "tenants", "set-prompt", "acme", "--text", "q")[0] == 0
+        events = []
+        deadline = time.monotonic() + 3.0
+        # get_message() also returns None for the (ignored) subscribe confirmation: poll.
+        while len(events) < 2 and time.monotonic() < deadline:
+            msg = pubsub.get_message(timeout=0.1)
+            if msg is not None:
+                events.append(json.loads(msg["data"])["event"])
+    finally:
+        pubsub.close()
+        client.close()
+    assert events == [
+        {"tenant_id": "acme", "kind": "created", "prompt_version": 1},
+        {"tenant_id": "acme", "kind": "prompt", "prompt_version": 2},
+    ]

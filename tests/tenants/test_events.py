@@ -130,3 +130,44 @@ async def test_redis_bridge_between_replicas(redis_channel: str) -> None:
     ]
     assert received[0] == expected
     assert received[1] == expected
+
+
+async def test_redis_bridge_resubscribes_after_connection_loss(redis_channel: str) -> None:
+    name = f"kvgate-test-bridge-{secrets.token_hex(4)}"
+    bus, got, resyncs = EventBus(), [], []
+
+    async def listen(e: TenantChanged) -> None:
+        got.append(e)
+
+    async def on_resync() -> None:
+        resyncs.append(1)
+
+    bus.subscribe(listen)
+    bridge = RedisEventBridge(
+        bus,
+        aioredis.from_url(REDIS_URL, client_name=name),
+        redis_channel,
+        on_resync=on_resync,
+        retry_s=0.02,
+    )
+    sender = RedisEventBridge.from_url(EventBus(), REDIS_URL, redis_channel)
+    admin = aioredis.from_url(REDIS_URL)
+    await bridge.start()
+    await sender.start()
+    try:
+        # Kill only this bridge's own connections (matched by its unique client name).
+        for client in await admin.client_list():
+            if client.get("name") == name:
+                await admin.client_kill_filter(_id=client["id"])
+        for _ in range(300):
+            if resyncs:
+                break
+            await asyncio.sleep(0.01)
+        assert resyncs == [1]
+        await sender.send(TenantChanged("acme", "limits"))
+        await _wait_for(got, 1)
+        assert got == [TenantChanged("acme", "limits")]
+    finally:
+        await bridge.aclose()
+        await sender.aclose()
+        await admin.aclose()

@@ -11,7 +11,13 @@ from sqlalchemy import inspect
 
 from tenants.db import make_engine
 from tenants.errors import SchemaOutdated, StoreUnavailable
-from tenants.migrate import check_schema, migrate_engine, schema_is_current, upgrade_to_head
+from tenants.migrate import (
+    check_schema,
+    migrate_engine,
+    prepare_schema,
+    schema_is_current,
+    upgrade_to_head,
+)
 from tenants.models import ALL_TABLES, Base
 from tests.tenants.fixtures import PG_URL_TEMPLATE, create_pg_database, drop_pg_database
 
@@ -60,6 +66,23 @@ async def test_upgrade_downgrade_round_trip(fresh_url: str) -> None:
             )
         for table in ALL_TABLES:
             assert cols[table] == set(Base.metadata.tables[table].columns.keys()), table
+    finally:
+        await engine.dispose()
+
+
+async def test_prepare_schema_policy(fresh_url: str) -> None:
+    """Embedded SQLite migrates itself at start-up; PostgreSQL must be migrated by the operator."""
+    engine = make_engine(fresh_url)
+    try:
+        if engine.dialect.name == "sqlite":
+            await prepare_schema(engine)
+            assert await schema_is_current(engine)
+        else:
+            with pytest.raises(SchemaOutdated, match="kvgate migrate"):
+                await prepare_schema(engine)
+            await upgrade_to_head(fresh_url)
+            await prepare_schema(engine)
+        await prepare_schema(engine)  # at head: nothing to do
     finally:
         await engine.dispose()
 
