@@ -76,6 +76,7 @@ class AsyncEngine:
         self._stats: CacheStats = core.cache.stats()
         self._closed = False
         self._fatal: BaseException | None = None
+        self._stopped: asyncio.Future[None] | None = None  # set by the thread as it exits
 
     @classmethod
     def from_pretrained(
@@ -118,6 +119,7 @@ class AsyncEngine:
         if self._thread is not None:
             return
         self._loop = asyncio.get_running_loop()
+        self._stopped = self._loop.create_future()
         self._thread = threading.Thread(target=self._run, name="kvgate-engine", daemon=True)
         self._thread.start()
 
@@ -129,7 +131,9 @@ class AsyncEngine:
         thread = self._thread
         if thread is not None:
             self._inbox.put(_STOP)
-            await asyncio.get_running_loop().run_in_executor(None, thread.join)
+            assert self._stopped is not None
+            await self._stopped  # no executor thread just to wait for ours
+            thread.join()
         for q in self._streams.values():
             q.put_nowait(EngineClosed("the engine was shut down"))
 
@@ -240,6 +244,11 @@ class AsyncEngine:
         except BaseException as exc:  # the loop must never die silently
             self._fatal = exc
             self._post_fatal(exc)
+        finally:
+            loop = self._loop
+            assert loop is not None
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_set_done, self._stopped)
 
     def _drain(self, *, block: bool) -> list[Any]:
         commands = [self._inbox.get()] if block else []
@@ -269,14 +278,25 @@ class AsyncEngine:
             out = core.abort(cmd.request_id)
             return [(out.request_id, out)] if out is not None else []
         elif isinstance(cmd, _Pin):
-            core.start_pin(cmd.namespace, cmd.token_ids, on_done=_resolve_pin(cmd.future))
+            core.start_pin(cmd.namespace, cmd.token_ids, on_done=self._pin_resolver(cmd.future))
         elif isinstance(cmd, _Unpin):
             try:
                 core.unpin(cmd.handle)
+                self._stats = core.cache.stats()  # the caller sees its unpin in cache_stats()
                 cmd.future.set_result(None)
             except Exception as exc:
                 cmd.future.set_exception(exc)
         return []
+
+    def _pin_resolver(self, fut: concurrent.futures.Future[PinHandle]) -> Any:
+        def done(job: PinJob) -> None:
+            self._stats = self._core.cache.stats()  # the caller sees its pin in cache_stats()
+            if job.error is not None:
+                fut.set_exception(job.error)
+            else:
+                fut.set_result(job.handle)
+
+        return done
 
     def _refuse_pending(self, err: Exception) -> None:
         """The loop is ending: fail the futures of commands nobody will apply."""
@@ -314,11 +334,6 @@ class AsyncEngine:
             q.put_nowait(err)
 
 
-def _resolve_pin(fut: concurrent.futures.Future[PinHandle]) -> Any:
-    def done(job: PinJob) -> None:
-        if job.error is not None:
-            fut.set_exception(job.error)
-        else:
-            fut.set_result(job.handle)
-
-    return done
+def _set_done(fut: asyncio.Future[None] | None) -> None:
+    if fut is not None and not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,44 @@
+"""A tiny random Qwen2 model (hidden 64, 2 layers) written once per test session.
+
+Projection weights are scaled up (std 0.16 instead of 0.02) so attention and MLP shape the
+output: greedy continuations vary with the context instead of repeating one token, and a wrong
+K/V read changes them.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import torch
+
+from engine.model.demo import TOKENIZER_VOCAB, qwen2_config, random_state_dict, write_model_dir
+
+HEAD_DIM = 16
+NUM_LAYERS = 2
+NUM_KV_HEADS = 2
+
+
+@functools.cache
+def tiny_model_dir() -> Path:
+    cfg = qwen2_config(
+        hidden=64,
+        layers=NUM_LAYERS,
+        heads=4,
+        kv_heads=NUM_KV_HEADS,
+        intermediate=128,
+        vocab=TOKENIZER_VOCAB,
+        max_pos=1024,
+    )
+    sd = random_state_dict(cfg, seed=1234, dtype=torch.float32)
+    for name in sd:
+        if name.endswith("proj.weight"):
+            sd[name] *= 8.0
+    path = Path(tempfile.mkdtemp(prefix="kvgate-tiny-"))
+    return write_model_dir(path, cfg, sd)
+
+
+def kv_bytes(num_blocks: int, block_size: int) -> int:
+    """kv_cache_bytes giving exactly ``num_blocks`` blocks of the tiny model (float32)."""
+    return num_blocks * 2 * NUM_LAYERS * block_size * NUM_KV_HEADS * HEAD_DIM * 4
