@@ -91,7 +91,13 @@ async def update_tenant(
 ) -> TenantOut:
     # Restoring a deleted tenant is the one change allowed on it (status=active).
     tenant = await lock_tenant(session, tenant_id, allow_deleted=patch.status is not None)
-    changes = patch.model_dump(exclude_none=True)
+    changes = {
+        name: value
+        for name, value in patch.model_dump(exclude_none=True).items()
+        if getattr(tenant, name) != value
+    }
+    if not changes:  # nothing differs: no write, no audit row
+        return tenant_out(tenant)
     before = {name: getattr(tenant, name) for name in changes}
     for name, value in changes.items():
         setattr(tenant, name, value)

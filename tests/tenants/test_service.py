@@ -220,3 +220,17 @@ async def test_unreachable_database_is_unavailable() -> None:
             await make_tenant(store)
     finally:
         await store.aclose()
+
+
+async def test_patch_without_changes_writes_nothing(store: TenantStore) -> None:
+    tid = await make_tenant(store, name="Same")
+    before = await store.get_tenant(tid)
+    out = await store.update_tenant(tid, TenantPatch(name="Same"), actor="t")
+    assert out.updated_at == before.updated_at
+    assert [a.action for a in (await store.list_audit(tenant_id=tid)).data] == ["tenant.create"]
+    await store.update_tenant(tid, TenantPatch(status="suspended"), actor="t")
+    row = (await store.list_audit(tenant_id=tid)).data[0]
+    assert (row.action, row.details) == (
+        "tenant.update",
+        {"before": {"status": "active"}, "after": {"status": "suspended"}},
+    )
