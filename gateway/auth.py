@@ -21,7 +21,7 @@ from tenants.events import TenantChanged
 from tenants.runtime import KeyIdentity, TenantRuntime
 from tenants.store import TenantStore
 
-CORS_ORIGIN = "kvgate.cors_origin"  # request key: the checked Origin of a widget request
+CORS_ORIGIN = web.RequestKey("cors_origin", str)  # the checked Origin of a widget request
 
 
 @dataclass(frozen=True)
