@@ -11,7 +11,7 @@ CASES = [
     ((16, 20, 35), (1, 1, 1), 16, 1, 4, 2, None),  # decode; one request exactly at the boundary
     ((8, 8, 13, 9), (1, 1, 1, 1), 2, 4, 7, 1, 3),  # decode, shared prefix = whole context of two
     ((32, 40), (5, 1), 16, 2, 2, 2, 2),  # mixed: extend suffix
-    ((4, 6), (17, 3), 1, 4, 14, 2, None),
+    ((4, 6), (9, 2), 1, 4, 14, 2, None),
     ((64, 64, 70), (2, 1, 9), 64, 1, 2, 1, None),
 ]
 

@@ -22,9 +22,10 @@ import triton
 from engine.kernels.metadata import AttentionMetadata
 from engine.kernels.triton._common import check_kv_cache, check_metadata, check_query
 from engine.kernels.triton.decode import (
-    choose_num_splits,
+    Segments,
     merge_partials,
     new_partials,
+    plan_splits,
     split_kv_partials,
     tile_config,
 )
@@ -61,43 +62,25 @@ def use_cascade(
     )
 
 
-def _suffix_partials(
+def _suffix_plan(
     q: torch.Tensor,
     k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
     meta: AttentionMetadata,
-    scale: float,
     shared_tokens: int,
     num_splits: int | None,
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Buffers with the suffix partials in their last slots; returns (part_o, part_lse, first)."""
+) -> tuple[Segments | None, tuple[int, int]]:
+    """Pass 2 of a decode-only batch: split-KV segments and splits; (None, (1, 0)) when the
+    extend kernel computes it as a single partial."""  # fmt: skip
+    if not (meta.is_decode_only and q.shape[0] == meta.num_seqs):
+        return None, (1, 0)
+    suffix_kv = max(1, meta.max_seq_len - shared_tokens)
+    segs = Segments(
+        meta.block_tables, meta.query_start_loc, meta.seq_lens, shared_tokens, meta.max_seq_len, 1
+    )
     group = q.shape[1] // k_cache.shape[2]
     block_n = tile_config(q.shape[2], group)[1]
-    rows = q.shape[0] * group
-    shared_splits = num_splits or choose_num_splits(
-        triton.cdiv(rows, tile_config(q.shape[2], group)[0]) * k_cache.shape[2],
-        shared_tokens,
-        block_n,
-        q.device,
-    )
-    suffix_kv = max(1, meta.max_seq_len - shared_tokens)
-    if meta.is_decode_only and q.shape[0] == meta.num_seqs:
-        suffix_splits = num_splits or choose_num_splits(
-            meta.num_seqs * k_cache.shape[2], suffix_kv, block_n, q.device
-        )
-        part_o, part_lse = new_partials(shared_splits + suffix_splits, q)
-        split_kv_partials(
-            q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
-            kv_lo=shared_tokens, max_rows=1, max_kv=suffix_kv, num_splits=suffix_splits,
-            part_o=part_o, part_lse=part_lse, part_base=shared_splits, scale=scale,
-        )  # fmt: skip
-    else:
-        part_o, part_lse = new_partials(shared_splits + 1, q)
-        extend_partials(
-            q, k_cache, v_cache, meta, scale, out=part_o[shared_splits],
-            lse=part_lse[shared_splits], kv_lo=shared_tokens,
-        )  # fmt: skip
-    return part_o, part_lse, shared_splits
+    work = meta.num_seqs * k_cache.shape[2]
+    return segs, plan_splits(work, suffix_kv, block_n, q.device, num_splits)
 
 
 def cascade_attention(
@@ -112,7 +95,7 @@ def cascade_attention(
     """Attention of a batch whose requests share ``meta.num_shared_blocks`` leading blocks.
 
     Same result as ``extend_attention`` / ``decode_attention``; ``num_splits`` overrides the KV
-    split count of both passes (tests). Returns out [T, Hq, D] in q's dtype.
+    split count of the split-KV passes (tests). Returns out [T, Hq, D] in q's dtype.
     """
     check_kv_cache(k_cache, v_cache)
     check_query(q, k_cache)
@@ -123,16 +106,22 @@ def cascade_attention(
     if q.shape[0] == 0:
         return out
     shared_tokens = meta.num_shared_blocks * meta.block_size
-    part_o, part_lse, shared_splits = _suffix_partials(
-        q, k_cache, v_cache, meta, scale, shared_tokens, num_splits
-    )
-    # one segment: every query token of the batch, keys [0, S) through block_tables[0]
-    seg_q = torch.arange(2, dtype=torch.int32, device=q.device) * q.shape[0]
-    seg_kv = torch.full((1,), shared_tokens, dtype=torch.int32, device=q.device)
-    split_kv_partials(
-        q, k_cache, v_cache, meta.block_tables, seg_q, seg_kv, kv_lo=0, max_rows=q.shape[0],
-        max_kv=shared_tokens, num_splits=shared_splits, part_o=part_o, part_lse=part_lse,
-        part_base=0, scale=scale,
-    )  # fmt: skip
+    rows = q.shape[0] * (q.shape[1] // k_cache.shape[2])
+    block_m, block_n = tile_config(q.shape[2], rows)[:2]
+    shared = Segments(meta.block_tables, None, None, 0, shared_tokens, max_rows=q.shape[0])
+    work = triton.cdiv(rows, block_m) * k_cache.shape[2]
+    shared_splits = plan_splits(work, shared_tokens, block_n, q.device, num_splits)
+    suffix, suffix_splits = _suffix_plan(q, k_cache, meta, shared_tokens, num_splits)
+    first = shared_splits[0]
+    part_o, part_lse = new_partials(first + suffix_splits[0], q)
+    kw = {"part_o": part_o, "part_lse": part_lse, "scale": scale}
+    split_kv_partials(q, k_cache, v_cache, shared, splits=shared_splits, part_base=0, **kw)
+    if suffix is not None:
+        split_kv_partials(q, k_cache, v_cache, suffix, splits=suffix_splits, part_base=first, **kw)
+    else:
+        extend_partials(
+            q, k_cache, v_cache, meta, scale, out=part_o[first], lse=part_lse[first],
+            kv_lo=shared_tokens,
+        )  # fmt: skip
     merge_partials(part_o, part_lse, out)
     return out

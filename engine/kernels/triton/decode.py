@@ -11,11 +11,14 @@ one chunk and writes a normalized partial output plus its log-sum-exp::
     part_lse [P, T, Hq]    fp32   base-2 log-sum-exp of the scaled scores; empty chunk: -inf
 
 Decode: one segment per request (its single query token, keys [0, seq_len)). Cascade attention
-reuses the same kernel with one segment holding every query of the batch over the shared prefix.
+reuses the same kernel in SINGLE_SEGMENT mode: one segment holding every query token of the batch,
+keys [0, kv_hi) through block_tables[0], described by scalars (no index tensors to build).
 ``merge_partials`` combines the P partials of each row: o = sum_p 2^(lse_p - m) o_p / sum_p 2^(...).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -48,6 +51,7 @@ def _split_kv_kernel(
     part_lse_ptr,
     scale_log2,
     kv_lo,
+    kv_hi,
     split_size,
     num_splits,
     part_base,
@@ -69,13 +73,20 @@ def _split_kv_kernel(
     BLOCK_SIZE: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    SINGLE_SEGMENT: tl.constexpr,
 ):
     seg = tl.program_id(0)
     tile = tl.program_id(1)
     kv_head = tl.program_id(2) // num_splits
     split = tl.program_id(2) % num_splits
-    q_first = tl.load(seg_q_ptr + seg)
-    num_rows = (tl.load(seg_q_ptr + seg + 1) - q_first) * GROUP
+    if SINGLE_SEGMENT:
+        q_first = 0
+        num_rows = num_tokens * GROUP
+        seg_hi = kv_hi
+    else:
+        q_first = tl.load(seg_q_ptr + seg)
+        num_rows = (tl.load(seg_q_ptr + seg + 1) - q_first) * GROUP
+        seg_hi = tl.load(seg_kv_ptr + seg)
     if tile * BLOCK_M >= num_rows:
         return
     row = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -91,7 +102,7 @@ def _split_kv_kernel(
     if UPCAST:
         q = q.to(tl.float32)
     lo = kv_lo + split * split_size
-    hi = tl.minimum(tl.load(seg_kv_ptr + seg), lo + split_size)
+    hi = tl.minimum(seg_hi, lo + split_size)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -155,58 +166,80 @@ def _merge_kernel(
     tl.store(dst, merged.to(out_ptr.dtype.element_ty))
 
 
-def tile_config(head_dim: int, group: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) of the split-KV kernel."""
+def tile_config(head_dim: int, rows: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the split-KV kernel for segments of up to
+    ``rows`` (query token x group head) rows: each row tile re-reads the segment's K/V, so the
+    tile grows with the rows (up to 128) and decode (rows = group) keeps small tiles."""
     if interpreting():
-        return 16, 16, 4
-    block_m = max(16, min(64, next_pow2(group)))
-    return block_m, 64 if head_dim <= 64 else 32, 4
+        return 16, 16, 4, 1
+    block_m = max(16, min(128, next_pow2(rows)))
+    block_n = 64 if head_dim <= 64 else 32
+    return block_m, block_n, 8 if block_m * head_dim >= 128 * 128 else 4, 3
 
 
-def choose_num_splits(work_items: int, max_kv: int, block_n: int, device: torch.device) -> int:
-    """Enough KV splits that the grid fills the device about twice over, never an empty split."""
-    max_tiles = max(1, triton.cdiv(max_kv, block_n))
-    wanted = triton.cdiv(2 * num_sms(device), max(1, work_items))
-    return max(1, min(wanted, max_tiles, 256))
+def plan_splits(
+    work_items: int, max_kv: int, block_n: int, device: torch.device, wanted: int | None = None
+) -> tuple[int, int]:
+    """(num_splits, split_size): enough KV splits that the grid fills the device about twice
+    over; ``split_size`` is a multiple of ``block_n`` and no split starts past ``max_kv``."""
+    max_kv = max(max_kv, 1)
+    if wanted is None:
+        wanted = triton.cdiv(2 * num_sms(device), max(1, work_items))
+    wanted = max(1, min(wanted, triton.cdiv(max_kv, block_n), 256))
+    split_size = triton.cdiv(triton.cdiv(max_kv, wanted), block_n) * block_n
+    return triton.cdiv(max_kv, split_size), split_size
+
+
+class Segments(NamedTuple):
+    """Query rows and key ranges of one split-KV launch.
+
+    ``seg_q``/``seg_kv`` given: segment i = query tokens ``seg_q[i]:seg_q[i+1]``, keys
+    ``kv_lo .. seg_kv[i]-1`` through ``block_tables[i]`` (``max_rows`` tokens at most).
+    Both None: a single segment of every query token, keys ``kv_lo .. kv_hi-1`` through
+    ``block_tables[0]``.
+    """
+
+    block_tables: torch.Tensor
+    seg_q: torch.Tensor | None
+    seg_kv: torch.Tensor | None
+    kv_lo: int
+    kv_hi: int  # single segment: key end; else an upper bound of every seg_kv[i]
+    max_rows: int
 
 
 def split_kv_partials(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seg_q: torch.Tensor,
-    seg_kv: torch.Tensor,
+    segs: Segments,
     *,
-    kv_lo: int,
-    max_rows: int,
-    max_kv: int,
-    num_splits: int,
+    splits: tuple[int, int],
     part_o: torch.Tensor,
     part_lse: torch.Tensor,
     part_base: int,
     scale: float,
 ) -> None:
-    """Partials ``part_base .. part_base + num_splits - 1`` of every row of every segment.
-
-    Segment i: query tokens ``seg_q[i]:seg_q[i+1]``, keys ``kv_lo .. seg_kv[i]-1`` (no mask)
-    read through ``block_tables[i]``. ``max_rows``: most query tokens in one segment; ``max_kv``:
-    upper bound of ``seg_kv - kv_lo``.
-    """
+    """Partials ``part_base .. part_base + num_splits - 1`` of every row of every segment;
+    ``splits`` = (num_splits, split_size) from ``plan_splits``."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
-    block_m, block_n, num_warps = tile_config(head_dim, group)
-    split_size = triton.cdiv(triton.cdiv(max(max_kv, 1), num_splits), block_n) * block_n
+    block_m, block_n, num_warps, num_stages = tile_config(head_dim, segs.max_rows * group)
+    num_splits, split_size = splits
     precision, upcast = dot_options(q.dtype)
-    grid = (seg_kv.shape[0], triton.cdiv(max_rows * group, block_m), num_kv_heads * num_splits)
+    single = segs.seg_q is None
+    num_segs = 1 if single else segs.seg_kv.shape[0]
+    grid = (num_segs, triton.cdiv(segs.max_rows * group, block_m), num_kv_heads * num_splits)
+    seg_q = segs.block_tables if single else segs.seg_q  # unused pointer in single mode
+    seg_kv = segs.block_tables if single else segs.seg_kv
     _split_kv_kernel[grid](
-        q, k_cache, v_cache, block_tables, seg_q, seg_kv, part_o, part_lse,
-        scale * LOG2E, kv_lo, split_size, num_splits, part_base, num_tokens, num_heads,
-        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-        block_tables.stride(0),
+        q, k_cache, v_cache, segs.block_tables, seg_q, seg_kv, part_o, part_lse,
+        scale * LOG2E, segs.kv_lo, segs.kv_hi, split_size, num_splits, part_base, num_tokens,
+        num_heads, q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
+        segs.block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_SIZE=block_size, PRECISION=precision, UPCAST=upcast, num_warps=num_warps,
+        BLOCK_SIZE=block_size, PRECISION=precision, UPCAST=upcast, SINGLE_SEGMENT=single,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 
 
@@ -249,16 +282,20 @@ def decode_attention(
     out = torch.empty_like(q)
     if q.shape[0] == 0:
         return out
-    if num_splits is None:
-        block_n = tile_config(q.shape[2], group)[1]
-        num_splits = choose_num_splits(
-            meta.num_seqs * k_cache.shape[2], meta.max_seq_len, block_n, q.device
-        )
-    part_o, part_lse = new_partials(num_splits, q)
+    segs = Segments(
+        meta.block_tables, meta.query_start_loc, meta.seq_lens, 0, meta.max_seq_len, max_rows=1
+    )
+    splits = plan_splits(
+        meta.num_seqs * k_cache.shape[2],
+        meta.max_seq_len,
+        tile_config(q.shape[2], group)[1],
+        q.device,
+        num_splits,
+    )
+    part_o, part_lse = new_partials(splits[0], q)
     split_kv_partials(
-        q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
-        kv_lo=0, max_rows=1, max_kv=meta.max_seq_len, num_splits=num_splits,
-        part_o=part_o, part_lse=part_lse, part_base=0, scale=scale,
+        q, k_cache, v_cache, segs, splits=splits, part_o=part_o, part_lse=part_lse, part_base=0,
+        scale=scale,
     )  # fmt: skip
     merge_partials(part_o, part_lse, out)
     return out

@@ -65,7 +65,7 @@ def _extend_kernel(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    tile = tl.program_id(0)
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest (most keys) tiles start first
     b = tl.program_id(1)
     head = tl.program_id(2)
     q_first = tl.load(qsl_ptr + b)
