@@ -77,13 +77,16 @@ class LiveGateway:
         self.base_url = base_url
         self.spans = spans
         self.http = aiohttp.ClientSession()
+        self._clients: list[AsyncOpenAI] = []
 
     @property
     def state(self) -> Any:
         return self.app[STATE]
 
     def openai(self, key: str, **kwargs: Any) -> AsyncOpenAI:
-        return AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=key, max_retries=0, **kwargs)
+        client = AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=key, max_retries=0, **kwargs)
+        self._clients.append(client)
+        return client
 
     async def admin(self, method: str, path: str, body: Any = None) -> Any:
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -122,6 +125,8 @@ class LiveGateway:
                 await asyncio.sleep(0.02)
 
     async def close(self) -> None:
+        for client in self._clients:
+            await client.close()
         await self.http.close()
 
 
