@@ -36,25 +36,33 @@ def _gather(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Ten
     return cache.index_select(0, blocks).flatten(0, 1)[:length]
 
 
+def _expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[S, Hkv, D] -> [Hq, S, D]. Repeating K/V heads keeps SDPA on its fused CPU kernel, which
+    ``enable_gqa=True`` would make fall back to the unfused math path."""
+    groups = num_heads // x.shape[1]
+    x = x.transpose(0, 1)
+    return x if groups == 1 else x.repeat_interleave(groups, dim=0)
+
+
 def _attend_one(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int, scale: float
 ) -> torch.Tensor:
     """q [n, Hq, D] at positions context_len.., k/v [S, Hkv, D] with S = context_len + n."""
     n, s = q.shape[0], k.shape[0]
-    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    # 4-D [1, H, S, D]: the fused CPU kernel only takes batched input.
+    qh = q.transpose(0, 1).unsqueeze(0)
+    kh, vh = _expand_kv(k, q.shape[1]).unsqueeze(0), _expand_kv(v, q.shape[1]).unsqueeze(0)
     if context_len == 0 or n == 1:
         # Fresh prompt: plain causal. One query at the end: it sees everything.
         out = F.scaled_dot_product_attention(
-            qh, kh, vh, is_causal=context_len == 0 and n > 1, scale=scale, enable_gqa=True
+            qh, kh, vh, is_causal=context_len == 0 and n > 1, scale=scale
         )
     else:
         # Query row i sits at absolute position context_len + i and sees keys j <= that.
         rows = torch.arange(n, device=q.device).unsqueeze(1) + context_len
         mask = torch.arange(s, device=q.device).unsqueeze(0) <= rows
-        out = F.scaled_dot_product_attention(
-            qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True
-        )
-    return out.transpose(0, 1)
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+    return out.squeeze(0).transpose(0, 1)
 
 
 def _decode_batched(
@@ -69,12 +77,15 @@ def _decode_batched(
     nb = (meta.max_seq_len + bs - 1) // bs
     tables = meta.block_tables[:, :nb].long()  # [B, nb]
     b = tables.shape[0]
+    groups = q.shape[1] // k_cache.shape[2]
     k = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, nb*bs, D]
     v = v_cache[tables].flatten(1, 2).transpose(1, 2)
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     keys = torch.arange(nb * bs, device=q.device)
     mask = (keys.unsqueeze(0) < meta.seq_lens.unsqueeze(1)).view(b, 1, 1, nb * bs)
     out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True
+        q.unsqueeze(2), k, v, attn_mask=mask, scale=scale
     )  # [B, Hq, 1, D]
     return out.squeeze(2)
 
