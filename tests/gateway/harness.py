@@ -72,8 +72,16 @@ class TenantHandle:
 
 
 class LiveGateway:
-    def __init__(self, app: web.Application, base_url: str, spans: InMemorySpanExporter) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        runner: web.AppRunner,
+        base_url: str,
+        spans: InMemorySpanExporter,
+    ) -> None:
         self.app = app
+        self.runner = runner
+        self._stopped = False
         self.base_url = base_url
         self.spans = spans
         self.http = aiohttp.ClientSession()
@@ -124,6 +132,12 @@ class LiveGateway:
                     return info
                 await asyncio.sleep(0.02)
 
+    async def shutdown(self) -> None:
+        """Graceful shutdown, as on SIGTERM: stop listening, drain, clean up (once)."""
+        if not self._stopped:
+            self._stopped = True
+            await self.runner.cleanup()
+
     async def close(self) -> None:
         for client in self._clients:
             await client.close()
@@ -141,10 +155,10 @@ async def live_gateway(
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     host, port = runner.addresses[0][:2]
-    gw = LiveGateway(app, f"http://{host}:{port}", spans)
+    gw = LiveGateway(app, runner, f"http://{host}:{port}", spans)
     try:
         await app[STATE].pins.ready.wait()
         yield gw
     finally:
         await gw.close()
-        await runner.cleanup()
+        await gw.shutdown()
