@@ -32,6 +32,8 @@ def make_tracer_provider(
     if settings.otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        # The exporter reads OTEL_EXPORTER_OTLP_* itself (endpoint + /v1/traces, headers).
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        # OTLP/HTTP: the base endpoint + /v1/traces (other OTEL_EXPORTER_OTLP_* are read by
+        # the exporter itself, e.g. headers).
+        endpoint = settings.otlp_endpoint.rstrip("/") + "/v1/traces"
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     return provider
