@@ -43,6 +43,7 @@ class RequestObserver:
         self.span: trace.Span = trace.INVALID_SPAN
         self.status = 500
         self.stream = False
+        self.delivered = False  # a stream's last event was written
         self.stats: GenerationStats | None = None
 
     @contextlib.contextmanager

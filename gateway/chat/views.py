@@ -34,7 +34,8 @@ from gateway.chat.schemas import (
 from gateway.chat.sse import open_stream, send_done, send_event
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState
 from gateway.errors import ApiError, to_api_error
-from gateway.ratelimit import Decision, Limits
+from gateway.pins import PromptEntry
+from gateway.ratelimit import Decision, Lease, Limits
 from tenants.runtime import TenantRuntime
 
 CLIENT_CLOSED = 499  # status recorded when the client went away mid-request
@@ -75,7 +76,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             status, error = exc.status, exc.code or exc.type
             raise
         except asyncio.CancelledError:
-            error = "client_disconnected"
+            if obs.delivered:
+                status = 200
+            else:
+                error = "client_disconnected"
             raise
         except Exception as exc:
             mapped = to_api_error(exc)
@@ -96,50 +100,58 @@ async def _serve(
 ) -> tuple[web.StreamResponse, GenerationStats]:
     entry = state.pins.begin(rt)
     gen: Generation | None = None
+    lease: Lease | None = None
+    n_prompt = 0
     try:
         prompt_ids = assemble(state.tokenizer, entry.prefix, body.messages)
+        n_prompt = len(prompt_ids)
+        settings = request.app[SETTINGS]
         max_tokens = resolve_max_tokens(
-            body,
-            rt,
-            len(prompt_ids),
-            state.engine.max_model_len,
-            request.app[SETTINGS].model.default_max_tokens,
+            body, rt, n_prompt, state.engine.max_model_len, settings.model.default_max_tokens
         )
         obs.set_max_tokens(max_tokens)
-        decision = await _admit(state, rt, len(prompt_ids) + max_tokens, obs)
+        decision = await _admit(state, rt, n_prompt + max_tokens, obs)
+        lease = decision.lease
         headers = {**decision.headers(), "x-request-id": rid}
-        assert decision.lease is not None
-        used = 0
-        try:
-            gen = Generation(
-                state.engine,
-                state.tokenizer,
-                prompt_ids,
-                sampling_params(body, max_tokens),
-                namespace=entry.namespace,
-                request_id=rid,
-                stops=body.stop_strings,
-            )
-            await gen.start()
-            used = len(prompt_ids)
-            if body.stream:
-                resp = await _stream(request, gen, body, rid, headers)
-            else:
-                resp = await _complete(gen, body, rid, headers)
-            used = len(prompt_ids) + gen.stats.completion_tokens
-            return resp, gen.stats
-        finally:
-            if gen is not None:
-                await gen.close()
-                used = max(used, len(prompt_ids) + gen.stats.completion_tokens)
-            await state.limiter.release(decision.lease, used)
-    finally:
-        stats = gen.stats if gen is not None else None
-        await state.pins.end(
-            entry,
-            stats.prompt_tokens if stats and stats.engine_metrics else 0,
-            stats.cached_tokens if stats else 0,
+        gen = Generation(
+            state.engine,
+            state.tokenizer,
+            prompt_ids,
+            sampling_params(body, max_tokens),
+            namespace=entry.namespace,
+            request_id=rid,
+            stops=body.stop_strings,
         )
+        await gen.start()
+        if body.stream:
+            return await _stream(request, gen, body, rid, headers, obs), gen.stats
+        return await _complete(gen, body, rid, headers), gen.stats
+    finally:
+        # Shielded: a client disconnect cancels this handler, but the engine request, the lease
+        # and the pin reference must still be given back.
+        await asyncio.shield(_give_back(state, entry, gen, lease, n_prompt))
+
+
+async def _give_back(
+    state: GatewayState,
+    entry: PromptEntry,
+    gen: Generation | None,
+    lease: Lease | None,
+    n_prompt: int,
+) -> None:
+    stats = gen.stats if gen is not None else None
+    ran = stats is not None and stats.engine_metrics is not None  # the engine admitted it
+    try:
+        if gen is not None:
+            await gen.close()  # aborts the engine request if it is still running
+    finally:
+        try:
+            if lease is not None:
+                used = n_prompt + stats.completion_tokens if ran and stats else 0
+                await state.limiter.release(lease, used)
+        finally:
+            prompt = stats.prompt_tokens if ran and stats else 0
+            await state.pins.end(entry, prompt, stats.cached_tokens if ran and stats else 0)
 
 
 def resolve_max_tokens(
@@ -229,7 +241,12 @@ async def _complete(
 
 
 async def _stream(
-    request: web.Request, gen: Generation, body: ChatRequest, rid: str, headers: dict[str, str]
+    request: web.Request,
+    gen: Generation,
+    body: ChatRequest,
+    rid: str,
+    headers: dict[str, str],
+    obs: RequestObserver,
 ) -> web.StreamResponse:
     resp = await open_stream(request, headers)
     created = int(time.time())
@@ -244,5 +261,6 @@ async def _stream(
         usage = usage_body(s.prompt_tokens, s.completion_tokens, s.cached_tokens)
         await send_event(resp, chunk_body(rid, body.model, created, None, usage=usage))
     await send_done(resp)
+    obs.delivered = True  # the client has it all; closing now is not a disconnect
     await resp.write_eof()
     return resp

@@ -1,0 +1,122 @@
+"""Pin lifecycle: start-up order and cap, prompt changes with in-flight requests, suspension."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+
+from tenants.models import ApiKey
+from tenants.schemas import KeyCreate, TenantCreate
+from tenants.store import TenantStore
+from tests.gateway.harness import (
+    create_database,
+    drop_database,
+    live_gateway,
+    make_settings,
+    pg_url,
+)
+
+PROMPT = "{n}: company handbook section; always be accurate, cite the policy, stay polite. " * 4
+
+
+async def wait_for(cond: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def fresh_database() -> AsyncIterator[str]:
+    from tenants.migrate import upgrade_to_head
+
+    name = await create_database()
+    await upgrade_to_head(pg_url(name))
+    yield pg_url(name)
+    await drop_database(name)
+
+
+async def test_startup_pins_most_recently_used_first_within_the_cap(
+    fresh_database: str, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    store = TenantStore.open(fresh_database)
+    now = datetime.now(UTC)
+    ids = ["old", "newest", "middle", "never"]
+    for n, tid in enumerate(ids):
+        await store.create_tenant(
+            TenantCreate(id=tid, name=tid, system_prompt=PROMPT.format(n=n)), actor="test"
+        )
+        await store.create_key(tid, KeyCreate(kind="server"), actor="test")
+    used = {"old": now - timedelta(hours=3), "middle": now - timedelta(hours=1), "newest": now}
+    async with store.sessions() as session, session.begin():
+        for tid, at in used.items():
+            await session.execute(
+                update(ApiKey).where(ApiKey.tenant_id == tid).values(last_used_at=at)
+            )
+    await store.aclose()
+
+    # 8 MiB KV = 128 blocks; a prompt here is 11 blocks; a 0.2 cap (25 blocks) holds two.
+    settings = make_settings(fresh_database, tmp_path, KVGATE_PIN_CAP_FRACTION="0.2")
+    async with live_gateway(settings, demo_model_dir) as gw:
+        cap = int(0.2 * gw.state.engine.cache_stats().blocks_total)
+        blocks = gw.state.pins.cache_info("newest")["pinned_blocks"]
+        assert 2 * blocks <= cap < 3 * blocks  # the premise of this test
+        states = {tid: gw.state.pins.cache_info(tid)["pin_state"] for tid in ids}
+        assert states == {
+            "newest": "pinned",
+            "middle": "pinned",
+            "old": "rejected",
+            "never": "rejected",
+        }
+        gw.state.pins.check_integrity()
+
+
+async def test_prompt_change_pins_new_then_unpins_old_after_in_flight(
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    async with live_gateway(make_settings(gateway_database, tmp_path), demo_model_dir) as gw:
+        t = await gw.create_tenant(
+            "swap", system_prompt=PROMPT.format(n=1), limits={"max_output_tokens": 300}
+        )
+        v1 = await gw.wait_pinned(t.id)
+        pins, engine = gw.state.pins, gw.state.engine
+        base_pinned = engine.cache_stats().blocks_pinned
+        client = gw.openai(t.key)
+        msgs = [{"role": "user", "content": "go"}]
+        stream = await client.chat.completions.create(
+            model=gw.state.model_name, messages=msgs, max_tokens=300, stream=True
+        )
+        first = await anext(aiter(stream))
+        assert first.choices
+        await gw.admin("PUT", f"/tenants/{t.id}/system-prompt", {"text": PROMPT.format(n=2)})
+        info = await gw.admin("GET", f"/tenants/{t.id}/cache")
+        assert info["prompt_version"] == 2 and info["pin_state"] == "pinned"
+        assert info["retiring_versions"] == [1]  # still serving the stream
+        both = base_pinned + info["pinned_blocks"]
+        await wait_for(lambda: engine.cache_stats().blocks_pinned == both)
+        pins.check_integrity()
+
+        async for _ in stream:
+            pass
+        await wait_for(lambda: not gw.state.pins.cache_info(t.id)["retiring_versions"])
+        # cache_stats() is the engine thread's snapshot after its latest loop turn.
+        expected = base_pinned - v1["pinned_blocks"] + info["pinned_blocks"]
+        await wait_for(lambda: engine.cache_stats().blocks_pinned == expected)
+        resp = await client.chat.completions.create(
+            model=gw.state.model_name, messages=msgs, max_tokens=2
+        )
+        assert resp.usage.prompt_tokens_details.cached_tokens >= info["pinned_tokens"]
+        pins.check_integrity()
+
+        pinned_now = engine.cache_stats().blocks_pinned
+        await gw.admin("PATCH", f"/tenants/{t.id}", {"status": "suspended"})
+        after = pinned_now - info["pinned_blocks"]
+        await wait_for(lambda: engine.cache_stats().blocks_pinned == after)
+        assert gw.state.pins.current(t.id) is None
