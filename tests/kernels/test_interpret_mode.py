@@ -32,6 +32,12 @@ def test_mode_is_read_at_first_launch_not_at_import():
         key = torch.arange(16.0).view(1, 1, 16)
         store_kv(key, key + 1, cache, cache.clone(), torch.tensor([5]))
         assert torch.equal(cache[1, 1, 0], key[0, 0])
+        # reductions too: triton.language was imported in compiled mode, the launch interprets
+        from engine.kernels.triton import decode_attention
+        from tests.kernels.helpers import make_batch, ref_attention
+        b = make_batch((5,), (1,), block_size=4, num_heads=1, num_kv_heads=1, head_dim=16)
+        out = decode_attention(b.q, b.k_cache, b.v_cache, b.meta, b.scale)
+        torch.testing.assert_close(out.double(), ref_attention(b), atol=1e-5, rtol=1e-4)
         print("ok", list(_store_kv_kernel._built))
         """
     )

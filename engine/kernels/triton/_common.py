@@ -5,21 +5,45 @@ becomes a compiled ``JITFunction`` or an ``InterpretedFunction`` (it reads ``TRI
 through ``triton.knobs.runtime.interpret``). Decorating at import would freeze that choice at
 whatever moment this package happened to be imported. ``lazy_jit`` applies ``triton.jit`` on the
 first launch instead, once per mode, so setting ``TRITON_INTERPRET=1`` any time before the first
-launch (for example in a test ``conftest.py``) is enough, whatever the import order. Kernels call
-no other ``@jit`` functions, so nothing else needs to follow the mode.
+launch (for example in a test ``conftest.py``) is enough, whatever the import order.
+
+Triton's own library functions are ``@jit`` functions too (``tl.max``, ``tl.sum``, ``tl.zeros`` in
+``triton.language.standard``), decorated once, for the mode active when ``triton`` is first
+imported; an interpreted kernel calling a compiled one fails. So kernels call no ``@jit`` function:
+they use builtins (``tl.full``) and ``tl.reduce`` with the standard combine functions ``MAX`` and
+``SUM``, which the interpreter maps to numpy by identity and the compiler inlines, in either mode.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
+import triton.language as tl
 
 from engine.kernels.metadata import AttentionMetadata
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# combine functions for tl.reduce (row max / row sum); see the module docstring
+MAX = tl.standard._elementwise_max
+SUM = tl.standard._sum_combine
+
+
+class Tiles(NamedTuple):
+    """Launch shape of an attention kernel: query rows x keys per tile, warps, pipeline stages."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# small tiles under the interpreter: its cost is per operation, and several tiles per request
+# exercise the loops and masks the way long sequences do on a GPU
+INTERPRETER_TILES = Tiles(16, 16, 4, 1)
 
 
 def interpreting() -> bool:

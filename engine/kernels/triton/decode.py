@@ -26,6 +26,10 @@ import triton.language as tl
 
 from engine.kernels.metadata import AttentionMetadata
 from engine.kernels.triton._common import (
+    INTERPRETER_TILES,
+    MAX,
+    SUM,
+    Tiles,
     check_kv_cache,
     check_metadata,
     check_query,
@@ -104,8 +108,8 @@ def _split_kv_kernel(
     lo = kv_lo + split * split_size
     hi = tl.minimum(seg_hi, lo + split_size)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, HEAD_DIM], 0.0, tl.float32)
     bt_row = bt_ptr + seg.to(tl.int64) * stride_bt
     for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
@@ -120,10 +124,10 @@ def _split_kv_kernel(
             v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         s = tl.where(pos_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.reduce(s, 1, MAX))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_i = l_i * alpha + tl.reduce(p, 1, SUM)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     nonempty = l_i > 0.0
@@ -154,27 +158,29 @@ def _merge_kernel(
     p_ok = p < num_parts
     part_row = (p * num_tokens + t).to(tl.int64) * num_heads + h
     lse = tl.load(part_lse_ptr + part_row, mask=p_ok, other=float("-inf"))
-    m = tl.max(lse, 0)
+    m = tl.reduce(lse, 0, MAX)
     m = tl.where(m == float("-inf"), 0.0, m)  # every partial empty: all weights 0, output 0
     w = tl.exp2(lse - m)
     o = tl.load(
         part_o_ptr + part_row[:, None] * HEAD_DIM + d[None, :], mask=p_ok[:, None], other=0.0
     )
-    total = tl.sum(w, 0)
-    merged = tl.sum(o * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    total = tl.reduce(w, 0, SUM)
+    merged = tl.reduce(o * w[:, None], 0, SUM) / tl.where(total > 0.0, total, 1.0)
     dst = out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + d
     tl.store(dst, merged.to(out_ptr.dtype.element_ty))
 
 
-def tile_config(head_dim: int, rows: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the split-KV kernel for segments of up to
-    ``rows`` (query token x group head) rows: each row tile re-reads the segment's K/V, so the
-    tile grows with the rows (up to 128) and decode (rows = group) keeps small tiles."""
-    if interpreting():
-        return 16, 16, 4, 1
+def gpu_tiles(head_dim: int, rows: int) -> Tiles:
+    """Tiles of the split-KV kernel on a GPU for segments of up to ``rows`` (query token x group
+    head) rows: each row tile re-reads the segment's K/V, so the tile grows with the rows (up to
+    128, the shared pass of cascade attention) while decode (rows = group) keeps small tiles."""
     block_m = max(16, min(128, next_pow2(rows)))
     block_n = 64 if head_dim <= 64 else 32
-    return block_m, block_n, 8 if block_m * head_dim >= 128 * 128 else 4, 3
+    return Tiles(block_m, block_n, 8 if block_m * head_dim >= 128 * 128 else 4, 3)
+
+
+def tile_config(head_dim: int, rows: int) -> Tiles:
+    return INTERPRETER_TILES if interpreting() else gpu_tiles(head_dim, rows)
 
 
 def plan_splits(

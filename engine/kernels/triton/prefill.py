@@ -20,6 +20,10 @@ import triton.language as tl
 
 from engine.kernels.metadata import AttentionMetadata
 from engine.kernels.triton._common import (
+    INTERPRETER_TILES,
+    MAX,
+    SUM,
+    Tiles,
     check_kv_cache,
     check_metadata,
     check_query,
@@ -89,8 +93,8 @@ def _extend_kernel(
     causal_from = ctx + tile * BLOCK_M  # keys below: visible to every row of the tile
     hi = tl.minimum(tl.load(seq_ptr + b), causal_from + BLOCK_M)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, HEAD_DIM], 0.0, tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     for start in range(kv_lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
@@ -107,10 +111,10 @@ def _extend_kernel(
         if start + BLOCK_N > causal_from:
             s = tl.where(pos[None, :] <= q_pos[:, None], s, float("-inf"))
         # every row keeps a finite max: the first tile holds key kv_lo <= q_pos of each row
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.reduce(s, 1, MAX))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_i = l_i * alpha + tl.reduce(p, 1, SUM)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     out = acc / l_i[:, None]
@@ -122,13 +126,15 @@ def _extend_kernel(
         tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-def tile_config(head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the extend kernel."""
-    if interpreting():
-        return 16, 16, 4, 1
+def gpu_tiles(head_dim: int) -> Tiles:
+    """Tiles of the extend kernel on a GPU (sm_90: no register spills at these shapes)."""
     if head_dim <= 64:
-        return 128, 64, 4, 3
-    return 128, 32, 8, 3
+        return Tiles(128, 64, 8, 3)
+    return Tiles(128, 32, 8, 3)
+
+
+def tile_config(head_dim: int) -> Tiles:
+    return INTERPRETER_TILES if interpreting() else gpu_tiles(head_dim)
 
 
 def extend_partials(
