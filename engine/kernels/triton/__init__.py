@@ -1,7 +1,12 @@
-"""Triton kernels of the GPU path (also runnable on the CPU under ``TRITON_INTERPRET=1``)."""
+"""Triton kernels of the GPU path (also runnable on the CPU under ``TRITON_INTERPRET=1``).
+
+``store_kv`` and ``paged_attention`` have the signatures of ``engine.kernels`` (the dispatch point
+routes CUDA tensors here); the individual kernels are exported for tests and benchmarks.
+"""
 
 from __future__ import annotations
 
+from engine.kernels.triton.attention import choose_kernel, paged_attention
 from engine.kernels.triton.cascade import cascade_attention, use_cascade
 from engine.kernels.triton.decode import decode_attention
 from engine.kernels.triton.prefill import extend_attention
@@ -9,8 +14,10 @@ from engine.kernels.triton.store_kv import store_kv
 
 __all__ = [
     "cascade_attention",
+    "choose_kernel",
     "decode_attention",
     "extend_attention",
+    "paged_attention",
     "store_kv",
     "use_cascade",
 ]
