@@ -116,9 +116,12 @@ def _check_supported(raw: dict[str, Any], where: Path) -> str:
             f"{where}: unsupported architecture {archs or raw.get('model_type')!r}; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
+    # Qwen2 configs carry a window that only counts with use_sliding_window; Mistral's always
+    # counts. A window covering every position is plain causal attention.
     window = raw.get("sliding_window")
-    uses_window = raw.get("use_sliding_window", arch == "MistralForCausalLM")
-    if uses_window and window is not None:
+    uses_window = arch != "Qwen2ForCausalLM" or bool(raw.get("use_sliding_window", False))
+    max_pos = int(raw.get("max_position_embeddings", 4096))
+    if uses_window and window is not None and int(window) < max_pos:
         raise ModelLoadError(
             f"{where}: sliding-window attention (sliding_window={window}) is not supported"
         )
