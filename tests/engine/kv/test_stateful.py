@@ -1,0 +1,307 @@
+"""Random interleavings of the scheduler-facing API against a reference model.
+
+The model keeps one entry per cached full-block prefix (keyed like the cache, per namespace) with
+its state, owner, holders and pins, and predicts every result: hits, PENDING owners, handoffs,
+allocation failures, pin outcomes. Evictions are observed through the listener and checked
+(leaf first, never pinned or held) as they happen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from engine.kv import BlockState, PinHandle, PrefixCache
+from engine.kv.hashing import block_keys, root_key
+
+NUM_BLOCKS = 20
+NAMESPACES = ("a", "b", "c")
+# shared "system prompts" (repeats weight the draw) so that prefixes collide often
+BASES = ((1, 2, 3, 4, 5, 6, 7, 8),) * 3 + ((1, 2, 3, 4, 9, 9), (5,), ())
+NS_DRAW = st.sampled_from(("a", "a", "a", "b", "c"))
+
+
+@dataclass
+class Entry:
+    ns: str
+    state: BlockState
+    owner: str | None
+    pos: int
+    parent: bytes | None
+    holders: set[str] = field(default_factory=set)
+    pins: int = 0
+
+
+@dataclass
+class Req:
+    ns: str
+    admit: int
+    tokens: list[int]
+    held: list[bytes] = field(default_factory=list)  # keys of the entries it holds, by position
+    computed: int = 0
+
+
+class PrefixCacheMachine(RuleBasedStateMachine):
+    @initialize(bs=st.sampled_from([1, 2, 4]))
+    def setup(self, bs: int) -> None:
+        self.bs = bs
+        self.cache = PrefixCache(NUM_BLOCKS, bs, listener=self)
+        self.entries: dict[bytes, Entry] = {}
+        self.reqs: dict[str, Req] = {}
+        self.pins: dict[int, tuple[PinHandle, list[bytes]]] = {}
+        self.next_id = 0
+        self.stored: list[bytes] = []
+        self.protected: set[bytes] = set()  # matched by the allocation in progress
+        self.evicted: list[bytes] = []
+        self.seen: list[tuple[str, tuple[int, ...]]] = []  # admitted prompts, for pins
+
+    # ------------------------------------------------------------------ listener
+
+    def on_stored(self, namespace: str, key: bytes, parent_key: bytes | None, token_ids) -> None:
+        entry = self.entries[key]
+        assert entry.ns == namespace and entry.state is BlockState.PENDING
+        assert len(token_ids) == self.bs
+        self.stored.append(key)
+
+    def on_removed(self, key: bytes) -> None:
+        entry = self.entries.pop(key)
+        assert entry.state is BlockState.READY, "evicted a PENDING block"
+        assert entry.pins == 0, "evicted a pinned block"
+        assert not entry.holders and key not in self.protected, "evicted a held block"
+        assert not any(e.parent == key for e in self.entries.values()), "evicted a non-leaf"
+        self.evicted.append(key)
+
+    # ------------------------------------------------------------------ model helpers
+
+    def _keys(self, ns: str, tokens: list[int], first: int, last: int, parent=None) -> list[bytes]:
+        return block_keys(parent or root_key(ns), tokens, self.bs, first, last)
+
+    def _allocatable(self) -> int:
+        private = sum(-(-len(r.tokens) // self.bs) - len(r.held) for r in self.reqs.values())
+        held = sum(1 for e in self.entries.values() if e.holders)
+        pinned_only = sum(1 for e in self.entries.values() if e.pins and not e.holders)
+        return NUM_BLOCKS - private - held - pinned_only
+
+    def _register(self, rid: str, req: Req, keys: list[bytes], first: int) -> None:
+        for pos in range(first, first + len(keys)):
+            key = keys[pos - first]
+            if len(req.held) != pos or key in self.entries:
+                return
+            parent = req.held[pos - 1] if pos else None
+            self.entries[key] = Entry(req.ns, BlockState.PENDING, rid, pos, parent, {rid})
+            req.held.append(key)
+
+    def _promote(self) -> list[bytes]:
+        promoted, changed = [], True
+        while changed:
+            changed = False
+            for key, e in self.entries.items():
+                if e.state is not BlockState.PENDING:
+                    continue
+                req = self.reqs[e.owner]  # type: ignore[index]
+                parent_ok = (
+                    e.pos == 0 or self.entries[req.held[e.pos - 1]].state is BlockState.READY
+                )
+                if parent_ok and req.computed >= (e.pos + 1) * self.bs:
+                    e.state, e.owner, changed = BlockState.READY, None, True
+                    promoted.append(key)
+        return promoted
+
+    # ------------------------------------------------------------------ rules
+
+    @rule(
+        ns=NS_DRAW,
+        base=st.sampled_from(BASES),
+        tail=st.lists(st.integers(0, 3), max_size=6),
+    )
+    def admit(self, ns: str, base: tuple[int, ...], tail: list[int]) -> None:
+        self._admit(ns, [*base, *tail] or [0])
+
+    @rule(data=st.data(), tail=st.lists(st.integers(0, 3), max_size=3))
+    @precondition(lambda self: self.reqs)
+    def admit_follower(self, data, tail: list[int]) -> None:
+        """Early reuse: a request sharing a running request's prompt (maybe still PENDING)."""
+        leader = self.reqs[data.draw(st.sampled_from(sorted(self.reqs)))]
+        self._admit(leader.ns, [*leader.tokens, *tail])
+
+    @rule(ns=NS_DRAW, base=st.sampled_from(BASES), tails=st.lists(st.integers(0, 3), max_size=3))
+    def burst(self, ns: str, base: tuple[int, ...], tails: list[int]) -> None:
+        """Several requests with one prompt arrive together (cold cache: they attach PENDING)."""
+        for tail in (0, *tails):
+            self._admit(ns, [*base, tail])
+
+    def _admit(self, ns: str, tokens: list[int]) -> None:
+        rid = f"r{self.next_id}"
+        self.next_id += 1
+        n_full = len(tokens) // self.bs
+        keys = self._keys(ns, tokens, 0, n_full)
+        k = 0
+        while k < (len(tokens) - 1) // self.bs and keys[k] in self.entries:
+            k += 1
+        matched = [self.entries[key] for key in keys[:k]]
+        idle_taken = sum(1 for e in matched if not e.holders and not e.pins)
+        expect_none = -(-len(tokens) // self.bs) - k > self._allocatable() - idle_taken
+        self.protected = set(keys[:k])
+        alloc = self.cache.allocate(rid, ns, tokens)
+        self.protected = set()
+        assert (alloc is None) == expect_none
+        if alloc is None:
+            return
+        assert alloc.num_cached_tokens == k * self.bs, "hits != longest cached prefix"
+        assert alloc.match.states == tuple(e.state for e in matched)
+        assert alloc.match.owners == tuple(e.owner for e in matched)
+        self.seen.append((ns, tuple(tokens)))
+        req = self.reqs[rid] = Req(ns, self.next_id, tokens, list(keys[:k]))
+        for e in matched:
+            e.holders.add(rid)
+        self._register(rid, req, keys[k:], k)
+
+    @rule(data=st.data(), extra=st.lists(st.integers(0, 3), min_size=1, max_size=3))
+    @precondition(lambda self: self.reqs)
+    def extend(self, data, extra: list[int]) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.reqs)))
+        req = self.reqs[rid]
+        tokens = req.tokens + extra
+        new_blocks = -(-len(tokens) // self.bs) - -(-len(req.tokens) // self.bs)
+        expect_none = new_blocks > self._allocatable()
+        alloc = self.cache.allocate(rid, req.ns, tokens)
+        assert (alloc is None) == expect_none
+        if alloc is None:
+            return
+        first, last = len(req.tokens) // self.bs, len(tokens) // self.bs
+        req.tokens = tokens
+        parent = self.cache.requests[rid].keys[first - 1] if first else None
+        self._register(rid, req, self._keys(req.ns, tokens, first, last, parent), first)
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.reqs)
+    def commit(self, data) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.reqs)))
+        req = self.reqs[rid]
+        self._commit(rid, data.draw(st.integers(req.computed, len(req.tokens))))
+
+    def _commit(self, rid: str, n: int) -> None:
+        self.stored = []
+        self.cache.commit(rid, n)
+        self.reqs[rid].computed = n
+        assert sorted(self._promote()) == sorted(self.stored)
+
+    @rule(reverse=st.booleans())
+    @precondition(lambda self: self.reqs)
+    def step(self, reverse: bool) -> None:
+        """A scheduler step: every running request computes all its tokens; commits in admission
+        order, or reversed (followers report before the owners of the blocks they attached to)."""
+        for rid in sorted(self.reqs, key=lambda r: self.reqs[r].admit, reverse=reverse):
+            self._commit(rid, len(self.reqs[rid].tokens))
+            self.matches_model()
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.reqs)
+    def free(self, data) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.reqs)))
+        self._free(rid)
+
+    @rule(data=st.data())
+    @precondition(lambda self: any(r.computed == 0 for r in self.reqs.values()))
+    def abort(self, data) -> None:
+        rid = data.draw(st.sampled_from(sorted(r for r, q in self.reqs.items() if not q.computed)))
+        self._free(rid)
+
+    @rule(data=st.data())
+    @precondition(lambda self: any(e.owner and len(e.holders) > 1 for e in self.entries.values()))
+    def abort_owner(self, data) -> None:
+        """Abort a request whose PENDING blocks other requests attached to (forces a handoff)."""
+        owners = sorted({e.owner for e in self.entries.values() if e.owner and len(e.holders) > 1})
+        self._free(data.draw(st.sampled_from(owners)))
+
+    def _free(self, rid: str) -> None:
+        req = self.reqs.pop(rid)
+        expected: dict[str, int] = {}
+        for pos in range(len(req.held) - 1, -1, -1):
+            key = req.held[pos]
+            e = self.entries[key]
+            e.holders.discard(rid)
+            if e.state is BlockState.PENDING and e.owner == rid:
+                if e.holders:
+                    e.owner = min(e.holders, key=lambda h: self.reqs[h].admit)
+                    expected[e.owner] = pos * self.bs
+                else:
+                    del self.entries[key]
+        for heir, start in expected.items():
+            self.reqs[heir].computed = min(self.reqs[heir].computed, start)
+        handoffs = self.cache.free(rid)
+        assert {h.request_id: h.from_token for h in handoffs} == expected
+
+    @rule(data=st.data(), n=st.integers(1, 3))
+    @precondition(lambda self: self.seen)
+    def pin(self, data, n: int) -> None:
+        ns, prompt = data.draw(st.sampled_from(self.seen))
+        tokens = list(prompt[: n * self.bs])
+        n_full = len(tokens) // self.bs
+        keys = self._keys(ns, tokens, 0, n_full)
+        ok = n_full > 0 and all(
+            k in self.entries and self.entries[k].state is BlockState.READY for k in keys
+        )
+        if ok:
+            pinned = sum(1 for e in self.entries.values() if e.pins)
+            new = sum(1 for k in keys if not self.entries[k].pins)
+            ok = pinned + new <= self.cache.pins.cap_blocks
+        result = self.cache.pin(ns, tokens)
+        assert isinstance(result, PinHandle) == ok, result
+        if ok:
+            for k in keys:
+                self.entries[k].pins += 1
+            self.pins[result.pin_id] = (result, keys)
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.pins)
+    def unpin(self, data) -> None:
+        pin_id = data.draw(st.sampled_from(sorted(self.pins)))
+        handle, keys = self.pins.pop(pin_id)
+        self.cache.unpin(handle)
+        for k in keys:
+            self.entries[k].pins -= 1
+
+    @rule(n=st.integers(1, 6))
+    def evict(self, n: int) -> None:
+        count = self.cache.evict(n)
+        assert 0 <= count <= n
+        if count < n:
+            assert not any(not e.holders and not e.pins for e in self.entries.values())
+
+    @rule(ns=NS_DRAW, base=st.sampled_from(BASES))
+    def lookup(self, ns: str, base: tuple[int, ...]) -> None:
+        tokens = [*base, 0]
+        keys = self._keys(ns, tokens, 0, (len(tokens) - 1) // self.bs)
+        k = 0
+        while k < len(keys) and keys[k] in self.entries:
+            k += 1
+        assert self.cache.lookup(ns, tokens).num_tokens == k * self.bs
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def matches_model(self) -> None:
+        if not hasattr(self, "cache"):
+            return
+        self.cache.check_integrity()
+        actual = {k: (b.state, b.owner) for k, b in self.cache.index.items()}
+        assert actual == {k: (e.state, e.owner) for k, e in self.entries.items()}
+        held = {b.block_id for r in self.cache.requests.values() for b in r.blocks}
+        assert not held & {b.block_id for b in self.cache.pool.free}, "block free and held"
+        stats = self.cache.stats()
+        assert stats.blocks_free == self._allocatable()
+        assert stats.blocks_pinned == sum(1 for e in self.entries.values() if e.pins)
+
+
+PrefixCacheMachine.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_prefix_cache_state_machine = PrefixCacheMachine.TestCase
