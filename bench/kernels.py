@@ -69,6 +69,7 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--inner", type=int, default=10, help="calls per timed CUDA graph replay")
     p.add_argument("--hbm-gbs", type=float, default=4800.0, help="peak HBM bandwidth, GB/s")
     p.add_argument("--geometries", default=None, help="default: qwen0.5b,7b (dry run: tiny)")
+    p.add_argument("--sweep", action="store_true", help="also time alternative tile shapes")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(list(argv))
     if args.dry_run:
@@ -219,7 +220,19 @@ def bench_prefill(shape: Shape, w: Workload, args: argparse.Namespace, dev, dtyp
                      device=dev, repeats=args.repeats, inner=args.inner)  # fmt: skip
     t_sdpa = time_us(lambda: _sdpa(q, k, v), device=dev, repeats=args.repeats, inner=args.inner)
     flops = 4 * b * shape.heads * shape.head_dim * n * (n + 1) / 2
+    extra = {}
+    if args.sweep and dev.type == "cuda":
+        from bench.kernel_tiles import sweep_prefill
+
+        rows = sweep_prefill(
+            shape.head_dim,
+            lambda: time_us(lambda: extend_attention(p.q, p.k_cache, p.v_cache, p.meta, scale),
+                            device=dev, repeats=3, inner=args.inner),
+        )  # fmt: skip
+        sdpa = statistics.median(t_sdpa)
+        extra["sweep"] = [{**r, "ratio_vs_sdpa": sdpa / r["us"]} if "us" in r else r for r in rows]
     return {
+        **extra,
         "batch": b,
         "new_tokens": n,
         "kvgate_us": _stats(t_ours),
@@ -244,7 +257,20 @@ def bench_decode(shape: Shape, w: Workload, args: argparse.Namespace, dev, dtype
     elt = torch.finfo(dtype).bits // 8
     kv_bytes = 2 * b * (c + 1) * shape.kv_heads * shape.head_dim * elt
     gbs = [kv_bytes / us / 1e3 for us in t]
+    extra = {}
+    if args.sweep and dev.type == "cuda":
+        from bench.kernel_tiles import sweep_decode
+
+        rows = sweep_decode(
+            lambda: time_us(lambda: decode_attention(p.q, p.k_cache, p.v_cache, p.meta, scale),
+                            device=dev, repeats=3, inner=args.inner),
+        )  # fmt: skip
+        extra["sweep"] = [
+            {**r, "fraction_of_hbm": kv_bytes / r["us"] / 1e3 / args.hbm_gbs} if "us" in r else r
+            for r in rows
+        ]
     return {
+        **extra,
         "batch": b,
         "context": c,
         "kv_bytes": kv_bytes,
@@ -298,6 +324,7 @@ def _config(args: argparse.Namespace, dev: torch.device, dtype: torch.dtype, w: 
         "repeats": args.repeats,
         "inner_calls_per_replay": args.inner,
         "hbm_gbs": args.hbm_gbs,
+        "tile_sweep": args.sweep,
         "workload": asdict(w),
         "torch": torch.__version__,
     }

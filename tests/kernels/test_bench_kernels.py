@@ -22,3 +22,31 @@ def test_bench_kernels_dry_run_writes_results(tmp_path):
         assert tiny["prefill"][key]["min"] <= tiny["prefill"][key]["median"]
     assert tiny["decode"]["kv_bytes"] == 2 * 2 * 25 * 2 * 32 * 4
     assert tiny["cascade"]["speedup"]["median"] > 0
+
+
+def test_tile_sweep_patches_and_restores_the_tile_choice():
+    from bench.kernel_tiles import (
+        DECODE_CANDIDATES,
+        PREFILL_CANDIDATES,
+        sweep_decode,
+        sweep_prefill,
+    )
+    from engine.kernels.triton import decode, prefill
+
+    original_prefill, original_decode = prefill.gpu_tiles, decode.gpu_tiles
+    seen = []
+    rows = sweep_prefill(64, lambda: seen.append(prefill.gpu_tiles(64)) or [3.0, 1.0, 2.0])
+    assert seen == PREFILL_CANDIDATES[64]
+    assert [r["us"] for r in rows] == [2.0] * len(seen)
+    assert prefill.gpu_tiles is original_prefill
+
+    def failing() -> list[float]:
+        tiles = decode.gpu_tiles(128, 7)
+        assert tiles.block_m == 16  # the GQA group of 7, padded to the MMA minimum
+        raise RuntimeError(f"out of resources at block_n={tiles.block_n}")
+
+    rows = sweep_decode(failing)
+    assert [r["error"] for r in rows] == [
+        f"RuntimeError: out of resources at block_n={bn}" for bn, _ in DECODE_CANDIDATES
+    ]
+    assert decode.gpu_tiles is original_decode
