@@ -44,8 +44,8 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def gateway_database() -> Iterator[str]:
-    """One fresh PostgreSQL database for the gateway tests, migrated to head, dropped after."""
+def template_database() -> Iterator[str]:
+    """A PostgreSQL database migrated to head once; each test gets a copy of it."""
     import asyncio
 
     from tenants.migrate import upgrade_to_head
@@ -53,5 +53,15 @@ def gateway_database() -> Iterator[str]:
 
     name = asyncio.run(create_database())
     asyncio.run(upgrade_to_head(pg_url(name)))
-    yield pg_url(name)
+    yield name
     asyncio.run(drop_database(name))
+
+
+@pytest.fixture
+async def gateway_database(template_database: str) -> AsyncIterator[str]:
+    """A fresh tenant database for one test (a copy of the migrated template)."""
+    from tests.gateway.harness import create_database, drop_database, pg_url
+
+    name = await create_database(template_database)
+    yield pg_url(name)
+    await drop_database(name)

@@ -30,11 +30,13 @@ ADMIN_TOKEN = "test-admin-token-0123456789"
 KV_CACHE_BYTES = 8 << 20  # demo model: 8 MiB of KV is a few hundred 16-token blocks
 
 
-async def create_database() -> str:
+async def create_database(template: str | None = None) -> str:
+    """A new empty database, or a copy of ``template`` (fast: no migrations to run)."""
     name = f"kvgate_gw_{uuid.uuid4().hex[:12]}"
     conn = await asyncpg.connect(PG_ADMIN_DSN)
     try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
+        suffix = f' TEMPLATE "{template}"' if template else ""
+        await conn.execute(f'CREATE DATABASE "{name}"{suffix}')
     finally:
         await conn.close()
     return name

@@ -10,18 +10,30 @@ import openai
 import pytest
 import pytest_asyncio
 
-from tests.gateway.harness import LiveGateway, TenantHandle, live_gateway, make_settings
+from tests.gateway.harness import (
+    LiveGateway,
+    TenantHandle,
+    create_database,
+    drop_database,
+    live_gateway,
+    make_settings,
+    pg_url,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def gw(
-    gateway_database: str, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    template_database: str, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[LiveGateway]:
-    settings = make_settings(gateway_database, tmp_path_factory.mktemp("errors"))
-    async with live_gateway(settings, demo_model_dir) as live:
-        yield live
+    name = await create_database(template_database)
+    settings = make_settings(pg_url(name), tmp_path_factory.mktemp("errors"))
+    try:
+        async with live_gateway(settings, demo_model_dir) as live:
+            yield live
+    finally:
+        await drop_database(name)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
 from sqlalchemy import update
 
 from tenants.models import ApiKey
 from tenants.schemas import KeyCreate, TenantCreate
 from tenants.store import TenantStore
 from tests.gateway.harness import (
-    create_database,
-    drop_database,
     live_gateway,
     make_settings,
-    pg_url,
 )
 
 PROMPT = "{n}: company handbook section; always be accurate, cite the policy, stay polite. " * 4
@@ -33,20 +28,10 @@ async def wait_for(cond: Any, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-@pytest.fixture
-async def fresh_database() -> AsyncIterator[str]:
-    from tenants.migrate import upgrade_to_head
-
-    name = await create_database()
-    await upgrade_to_head(pg_url(name))
-    yield pg_url(name)
-    await drop_database(name)
-
-
 async def test_startup_pins_most_recently_used_first_within_the_cap(
-    fresh_database: str, demo_model_dir: Path, tmp_path: Path
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path
 ) -> None:
-    store = TenantStore.open(fresh_database)
+    store = TenantStore.open(gateway_database)
     now = datetime.now(UTC)
     ids = ["old", "newest", "middle", "never"]
     for n, tid in enumerate(ids):
@@ -63,7 +48,7 @@ async def test_startup_pins_most_recently_used_first_within_the_cap(
     await store.aclose()
 
     # 8 MiB KV = 128 blocks; a prompt here is 11 blocks; a 0.2 cap (25 blocks) holds two.
-    settings = make_settings(fresh_database, tmp_path, KVGATE_PIN_CAP_FRACTION="0.2")
+    settings = make_settings(gateway_database, tmp_path, KVGATE_PIN_CAP_FRACTION="0.2")
     async with live_gateway(settings, demo_model_dir) as gw:
         cap = int(0.2 * gw.state.engine.cache_stats().blocks_total)
         blocks = gw.state.pins.cache_info("newest")["pinned_blocks"]
