@@ -1,0 +1,84 @@
+"""Configuration: environment over TOML over defaults; bad values name their variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.serve import admin_token_env
+from gateway.settings import VARIABLES, Settings, SettingsError, configuration_table
+
+
+def test_defaults_are_the_embedded_setup() -> None:
+    s = Settings.from_env({})
+    assert s.server.port == 8000 and s.server.host == "127.0.0.1"
+    assert s.tenants.database_url == "sqlite+aiosqlite:///var/kvgate.db"
+    assert s.ratelimit.redis_url is None and s.ratelimit.fail_open
+    assert s.model.path is None and s.telemetry.otlp_endpoint is None
+
+
+def test_toml_file_then_environment(tmp_path: Path) -> None:
+    cfg = tmp_path / "kvgate.toml"
+    cfg.write_text(
+        'port = 9001\nredis_url = "redis://r:6379/0"\n'
+        "[limits]\ndefault_rpm = 42\n[model]\nblock_size = 32\nlog_json = false\n"
+    )
+    s = Settings.from_env({"KVGATE_CONFIG": str(cfg), "KVGATE_PORT": "9002"})
+    assert s.server.port == 9002  # the environment wins
+    assert s.ratelimit.redis_url == "redis://r:6379/0"
+    assert s.tenants.default_limits.rpm == 42 and s.tenants.redis_url == "redis://r:6379/0"
+    assert s.model.block_size == 32 and s.telemetry.log_json is False
+    assert s.model.engine_overrides()["block_size"] == 32
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"KVGATE_PORT": "eighty"}, "KVGATE_PORT"),
+        ({"KVGATE_PORT": "70000"}, "KVGATE_PORT"),
+        ({"KVGATE_PIN_CAP_FRACTION": "1.5"}, "KVGATE_PIN_CAP_FRACTION"),
+        ({"KVGATE_RATELIMIT_FAIL_MODE": "sometimes"}, "KVGATE_RATELIMIT_FAIL_MODE"),
+        ({"KVGATE_LOG_JSON": "perhaps"}, "KVGATE_LOG_JSON"),
+        ({"KVGATE_REDIS_TIMEOUT_S": "0"}, "KVGATE_REDIS_TIMEOUT_S"),
+        ({"KVGATE_DEFAULT_MAX_TOKENS": "0"}, "KVGATE_DEFAULT_MAX_TOKENS"),
+        ({"KVGATE_DATABASE_URL": "mysql://x"}, "KVGATE_DATABASE_URL"),
+        ({"KVGATE_DEFAULT_TPM": "lots"}, "KVGATE_DEFAULT_TPM"),
+        ({"KVGATE_ADMIN_TOKEN": "short"}, "KVGATE_ADMIN_TOKEN"),
+        ({"KVGATE_CONFIG": "/nonexistent/kvgate.toml"}, "KVGATE_CONFIG"),
+    ],
+)
+def test_bad_values_fail_naming_the_variable(env: dict[str, str], variable: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env(env)
+    assert str(err.value).startswith(variable)
+
+
+def test_unknown_toml_key_is_refused(tmp_path: Path) -> None:
+    cfg = tmp_path / "kvgate.toml"
+    cfg.write_text("prot = 1\n")
+    with pytest.raises(SettingsError, match="KVGATE_CONFIG: unknown setting 'prot'"):
+        Settings.from_env({"KVGATE_CONFIG": str(cfg)})
+
+
+def test_settings_are_frozen() -> None:
+    s = Settings.from_env({})
+    with pytest.raises(AttributeError):
+        s.server.port = 1  # type: ignore[misc]
+
+
+def test_configuration_table_lists_every_variable() -> None:
+    table = configuration_table()
+    for var in VARIABLES:
+        assert f"`{var.name}`" in table
+
+
+def test_admin_token_is_generated_once_then_remembered(tmp_path: Path) -> None:
+    env, token = admin_token_env({}, tmp_path)
+    assert token is not None and len(token) > 30
+    sha = env["KVGATE_ADMIN_TOKEN_SHA256"]
+    env2, token2 = admin_token_env({}, tmp_path)
+    assert token2 is None and env2["KVGATE_ADMIN_TOKEN_SHA256"] == sha
+    assert Settings.from_env(env2).tenants.admin_token_sha256 == sha
+    env3, token3 = admin_token_env({"KVGATE_ADMIN_TOKEN": "x" * 20}, tmp_path)
+    assert token3 is None and "KVGATE_ADMIN_TOKEN_SHA256" not in env3
