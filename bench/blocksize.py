@@ -7,6 +7,7 @@ after the other, so each finds the previous prompt in the cache up to its last *
 Smaller blocks match more of it (fewer tokens recomputed) at more per-block bookkeeping.
 Reported per block size: hit tokens over turns 1..T, tokens the model computed, median TTFT of
 turns 1..T (median over repeats, min-max spread), with one reuse-off run as the reference.
+Times are CPU seconds of this process (one torch thread by default; the machines are shared).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,8 @@ from bench.common import RESULTS_DIR, environment, model_dir, print_table, summa
 from bench.models import QWEN25_05B
 from engine.engine import Engine
 from engine.params import SamplingParams
+
+CPU = time.process_time
 
 
 def _ints(text: str) -> list[int]:
@@ -39,7 +43,7 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--turn-len", type=int, default=37)
     p.add_argument("--turns", type=int, default=6, help="measured turns after the first")
     p.add_argument("--output", type=int, default=3)
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--model-dir", type=Path, default=None)
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "blocksize.json")
     return p.parse_args(list(argv))
@@ -76,7 +80,7 @@ def measure(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
         blocks = 2 * (-(-max_tokens // bs)) + 8
         kv = blocks * 2 * args.layers * bs * 128 * 4
         engines[f"bs{bs}"] = Engine.from_pretrained(
-            path, block_size=bs, kv_cache_bytes=kv, device="cpu", dtype="float32"
+            path, block_size=bs, kv_cache_bytes=kv, device="cpu", dtype="float32", clock=CPU
         )
     ref_bs = 16 if 16 in args.block_sizes else args.block_sizes[0]
     engines["off"] = Engine.from_pretrained(
@@ -86,6 +90,7 @@ def measure(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
         kv_cache_bytes=(2 * (-(-max_tokens // ref_bs)) + 8) * 2 * args.layers * ref_bs * 512,
         device="cpu",
         dtype="float32",
+        clock=CPU,
     )
     raw: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
     warm = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
@@ -106,7 +111,7 @@ def main(argv: Sequence[str]) -> int:
         "model": QWEN25_05B.describe(args.layers), "dtype": "float32",
         "block_sizes": args.block_sizes, "system_len": args.system_len,
         "turn_len": args.turn_len, "turns": args.turns, "output_tokens": args.output,
-        "repeats": args.repeats, **environment(args.threads),
+        "repeats": args.repeats, "timing": "process CPU time", **environment(args.threads),
     }  # fmt: skip
     print("config:", config, flush=True)
     raw = measure(args)

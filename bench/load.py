@@ -8,6 +8,7 @@ same arrival schedule one after the other at each rate. Measured on the client s
 TTFT = first streamed token - submit, latency = last token - submit; throughput = output
 tokens / (last finish - first submit). At low rates prefill is cheap next to the idle time, so
 reuse moves latency little; near saturation it decides how many requests the engine can carry.
+Times here are wall clock (arrivals are real time); on a shared machine they include other jobs.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--turn-len", type=int, default=16)
     p.add_argument("--output", type=int, default=4)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--model-dir", type=Path, default=None)
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "load.json")
     return p.parse_args(list(argv))

@@ -165,6 +165,8 @@ class AsyncEngine:
         if rid in self._streams:
             raise DuplicateRequestId(f"request id {rid!r} is already in flight")
         self._core.scheduler.check_fits(len(token_ids), params.max_tokens)
+        for rng in priorities:
+            rng.check()
         self._reserve_waiting_slot()
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[rid] = q

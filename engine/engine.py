@@ -85,12 +85,18 @@ class EngineCore:
 
     @classmethod
     def from_pretrained(
-        cls, model_dir: str | Path, *, listener: CacheListener | None = None, **overrides: Any
+        cls,
+        model_dir: str | Path,
+        *,
+        listener: CacheListener | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        **overrides: Any,
     ) -> EngineCore:
         from engine.runner import ModelRunner  # torch lives behind this import
 
         config = EngineConfig(**overrides)
-        return cls(ModelRunner.from_pretrained(str(model_dir), config), config, listener=listener)
+        runner = ModelRunner.from_pretrained(str(model_dir), config)
+        return cls(runner, config, listener=listener, clock=clock)
 
     # ------------------------------------------------------------------ requests
 
@@ -211,10 +217,17 @@ class Engine:
 
     @classmethod
     def from_pretrained(
-        cls, model_dir: str | Path, *, listener: CacheListener | None = None, **overrides: Any
+        cls,
+        model_dir: str | Path,
+        *,
+        listener: CacheListener | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        **overrides: Any,
     ) -> Engine:
-        """``overrides`` are EngineConfig fields (block_size, enable_prefix_reuse, ...)."""
-        return cls(EngineCore.from_pretrained(model_dir, listener=listener, **overrides))
+        """``overrides`` are EngineConfig fields (block_size, enable_prefix_reuse, ...).
+        ``clock`` stamps request timings (benchmarks on shared machines pass a CPU-time clock)."""
+        core = EngineCore.from_pretrained(model_dir, listener=listener, clock=clock, **overrides)
+        return cls(core)
 
     @property
     def config(self) -> EngineConfig:

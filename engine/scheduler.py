@@ -91,6 +91,8 @@ class Scheduler:
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in flight")
         self.check_fits(req.num_prompt_tokens, req.sampling.max_tokens)
+        for rng in req.priorities:
+            rng.check()  # ValueError now rather than inside a later allocate()
         self.requests[req.request_id] = req
         self.waiting.append(req)
 
