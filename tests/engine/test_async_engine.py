@@ -9,6 +9,7 @@ import pytest
 
 from engine import AsyncEngine, Engine
 from engine.errors import EngineClosed, EngineOverloaded, PinRejected, PromptTooLong
+from engine.kv import PriorityRange
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
 from tests.engine._tiny_model import kv_bytes, tiny_model_dir
@@ -151,3 +152,24 @@ async def test_shutdown_ends_streams_and_refuses_new_work() -> None:
     assert not aeng.is_running
     with pytest.raises(EngineClosed):
         await aeng.generate(PROMPT, greedy(2)).__anext__()
+
+
+async def test_event_loop_keeps_ticking_and_bad_priorities_are_refused() -> None:
+    async with make_async() as aeng:
+        with pytest.raises(ValueError):
+            await aeng.generate(
+                PROMPT, greedy(2), priorities=[PriorityRange(0, 4, 101)]
+            ).__anext__()
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.001)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        outs = await collect(aeng, PROMPT, 64, priorities=[PriorityRange(0, 8, 90)])
+        task.cancel()
+        assert len(outs) == 64 and outs[-1].finish_reason == "length"
+        assert ticks > 0, "the event loop must run while the engine computes"

@@ -162,3 +162,13 @@ def test_limits_and_metadata() -> None:
     m = out.metrics
     assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finish_time
     assert out.finish_reason in ("stop", "length") and out.num_prompt_tokens == 3
+
+
+def test_generate_takes_one_sampling_params_per_prompt() -> None:
+    eng = make_engine()
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (1, 3, 5)]
+    outs = eng.generate([[5, 6, 7], [5, 6, 7], [8, 9]], params)
+    assert [len(o.token_ids) for o in outs] == [1, 3, 5]
+    assert outs[0].token_ids == outs[1].token_ids[:1]
+    with pytest.raises(ValueError):
+        eng.generate([[1, 2]], params)
