@@ -149,6 +149,8 @@ def _lifecycle(store: TenantStore, db: AsyncEngine, engine: Any, model_name: str
                 stack.push_async_callback(bridge.aclose)
             limiter = make_limiter(settings)
             stack.push_async_callback(limiter.close)
+            if isinstance(limiter, FailoverLimiter):
+                await limiter.warm()
             await engine.start()
             stack.push_async_callback(engine.shutdown)
             recorder = LastUsedRecorder()

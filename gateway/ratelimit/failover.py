@@ -83,6 +83,12 @@ class FailoverLimiter:
             log.warning("ratelimit_release_failed", error=type(exc).__name__)
             self._mark_down(exc)
 
+    async def warm(self) -> None:
+        try:
+            await self.primary.warm()
+        except REDIS_ERRORS as exc:
+            self._mark_down(exc)
+
     async def ping(self) -> bool:
         try:
             return await self.primary.ping()

@@ -75,6 +75,10 @@ class RedisLimiter:
     async def active_leases(self, tenant: str) -> int:
         return int(await self.client.zcard(self.keys(tenant)[2]))
 
+    async def warm(self) -> None:
+        """Connect and load the script, so the first admission is one EVALSHA like the rest."""
+        await self.client.script_load(self._script)
+
     async def ping(self) -> bool:
         return bool(await self.client.ping())
 

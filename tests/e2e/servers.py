@@ -1,0 +1,83 @@
+"""``kvgate serve`` as a real OS process on a free loopback port."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from tests.gateway.redis_server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+KVGATE = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+# Small, fast engine for tests; everything else comes from the caller's env.
+BASE_ENV = {
+    "KVGATE_DEVICE": "cpu",
+    "KVGATE_KV_CACHE_BYTES": str(8 << 20),
+    "KVGATE_DEFAULT_MAX_TOKENS": "4",
+    "KVGATE_SHUTDOWN_TIMEOUT_S": "3",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+class ServeProcess:
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.cwd = cwd
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("KVGATE_", "OTEL_"))}
+        self.env = {**clean, "PYTHONPATH": str(ROOT), **BASE_ENV, **env}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = cwd / f"serve-{self.port}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        cmd = [*KVGATE, "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                cmd, cwd=self.cwd, env=self.env, stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def read_output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    async def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as http:
+            while time.monotonic() < deadline:
+                assert self.proc is not None
+                if self.proc.poll() is not None:
+                    raise AssertionError(f"kvgate serve exited:\n{self.read_output()}")
+                try:
+                    async with http.get(f"{self.url}/readyz") as resp:
+                        if resp.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.1)
+        raise AssertionError(f"kvgate serve not ready:\n{self.read_output()}")
+
+    def admin_token(self) -> str | None:
+        m = re.search(r"admin token \(shown once, keep it\): (\S+)", self.read_output())
+        return m.group(1) if m else None
+
+    async def stop(self, timeout: float = 15.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None:
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise AssertionError(f"kvgate serve ignored SIGTERM:\n{self.read_output()}")
+            await asyncio.sleep(0.05)
+        return self.proc.returncode
