@@ -32,6 +32,18 @@ class KeyIndex:
     def get(self, key: bytes | None) -> Block | None:
         return self._map.get(key) if key is not None else None
 
+    def match(self, keys: Sequence[bytes | None]) -> list[Block]:
+        """Blocks of the longest run of registered keys from the start of ``keys``."""
+        get = self._map.get
+        out: list[Block] = []
+        append = out.append
+        for key in keys:
+            block = get(key)  # type: ignore[arg-type]
+            if block is None:
+                break
+            append(block)
+        return out
+
     def add(self, key: bytes | None, block: Block) -> bool:
         """Register ``block`` under ``key``; False when the key is taken (block stays private)."""
         if key is None or key in self._map:
@@ -62,6 +74,9 @@ class NullIndex:
 
     def get(self, key: bytes | None) -> Block | None:
         return None
+
+    def match(self, keys: Sequence[bytes | None]) -> list[Block]:
+        return []
 
     def add(self, key: bytes | None, block: Block) -> bool:
         return False

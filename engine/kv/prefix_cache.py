@@ -82,23 +82,13 @@ class PrefixCache:
         """Longest chain of full cached blocks (READY or PENDING); pure."""
         cap = max(0, (len(token_ids) - 1) // self.block_size)
         keys = self.index.keys(self.index.root(namespace), token_ids, self.block_size, 0, cap)
-        return self._as_match(self._match(keys))
-
-    def _match(self, keys: Sequence[bytes | None]) -> list[Block]:
-        get = self.index.get
-        out: list[Block] = []
-        for key in keys:
-            block = get(key)
-            if block is None:
-                break
-            out.append(block)
-        return out
+        return self._as_match(self.index.match(keys))
 
     def _as_match(self, blocks: list[Block]) -> PrefixMatch:
         return PrefixMatch(
-            tuple(b.block_id for b in blocks),
-            tuple(b.state for b in blocks),
-            tuple(b.owner for b in blocks),
+            tuple([b.block_id for b in blocks]),
+            tuple([b.state for b in blocks]),
+            tuple([b.owner for b in blocks]),
             self.block_size,
         )
 
@@ -147,11 +137,13 @@ class PrefixCache:
             raise ValueError(f"request {request_id!r}: empty prompt")
         num_full = len(token_ids) // bs
         keys = self.index.keys(self.index.root(namespace), token_ids, bs, 0, num_full)
-        matched = self._match(keys[: (len(token_ids) - 1) // bs])
+        matched = self.index.match(keys[: (len(token_ids) - 1) // bs])
         num_new = -(-len(token_ids) // bs) - len(matched)
-        taken_idle = sum(1 for b in matched if b.ref_count == 0 and b.pin_count == 0)
-        if num_new > self.pool.num_allocatable - taken_idle:
-            return None
+        # matched idle blocks are about to be held: they cannot also be evicted for this request
+        if num_new > self.pool.num_allocatable - len(matched):  # exact count only when tight
+            taken_idle = len([b for b in matched if b.ref_count == 0 and b.pin_count == 0])
+            if num_new > self.pool.num_allocatable - taken_idle:
+                return None
         self._admitted += 1
         self._tick += 1
         match = self._as_match(matched)
@@ -159,22 +151,36 @@ class PrefixCache:
         self.requests[request_id] = seq
         seq.tokens.extend(token_ids)
         seq.keys = keys
-        for pos, block in enumerate(matched):
-            self._hold(block)
-            block.priority = max(block.priority, self._priority(seq, pos))
-            block.last_access = self._tick
-            seq.blocks.append(block)
-            seq.block_ids.append(block.block_id)
-            if block.state is PENDING and block.owner != request_id:
-                assert block.owner is not None
-                seq.owners.add(block.owner)
-                self.requests[block.owner].dependents[request_id] = None
+        self._attach(seq, matched)
         seq.num_attached = len(matched)
         self._append_blocks(seq, num_new)
         self._register(seq, len(matched), num_full)
         self._query_tokens += len(token_ids)
         self._hit_tokens += match.num_tokens
         return Allocation(tuple(seq.block_ids), match.num_tokens, match)
+
+    def _attach(self, seq: RequestState, matched: list[Block]) -> None:
+        """Take a reference on each matched block (hot path: one pass, no calls per block)."""
+        rid, pool, requests = seq.request_id, self.pool, self.requests
+        prio = self.default_priority
+        ranges = seq.priorities
+        for pos, block in enumerate(matched):
+            if block.ref_count == 0:
+                self._num_in_use += 1
+                if block.pin_count == 0:  # idle -> held: leaves the reclaimable set
+                    pool.num_idle -= 1
+                    block.heap_stamp = 0
+            block.ref_count += 1
+            if ranges:
+                prio = self._priority(seq, pos)
+            if prio > block.priority:  # a shared block keeps the max priority seen
+                block.priority = prio
+            owner = block.owner
+            if owner is not None and owner != rid:
+                seq.owners.add(owner)
+                requests[owner].dependents[rid] = None
+        seq.blocks.extend(matched)
+        seq.block_ids.extend([b.block_id for b in matched])
 
     def _priority(self, seq: RequestState, pos: int) -> int:
         """Max priority of the request's ranges overlapping block ``pos`` (default if none)."""
@@ -187,15 +193,18 @@ class PrefixCache:
         return self.default_priority if best < 0 else best
 
     def _append_blocks(self, seq: RequestState, num_new: int) -> None:
+        pop_free = self.pool.free.popleft
+        free = self.pool.free
+        blocks, ids = seq.blocks, seq.block_ids
+        prio = self.default_priority
         for _ in range(num_new):
-            block = self.pool.pop_free() or self._evict_one()
+            block = pop_free() if free else self._evict_one()
             assert block is not None, "allocatable count out of sync with the pool"
             block.ref_count = 1
-            self._num_in_use += 1
-            block.priority = self._priority(seq, len(seq.blocks))
-            block.last_access = self._tick
-            seq.blocks.append(block)
-            seq.block_ids.append(block.block_id)
+            block.priority = self._priority(seq, len(blocks)) if seq.priorities else prio
+            blocks.append(block)
+            ids.append(block.block_id)
+        self._num_in_use += num_new
 
     def _register(self, seq: RequestState, first: int, last: int) -> None:
         """Register full blocks first..last-1 PENDING under their keys where possible."""
@@ -399,7 +408,7 @@ class PrefixCache:
         if root is None:
             return PinFailure("prefix reuse is disabled", num_full)
         keys = self.index.keys(root, token_ids, self.block_size, 0, num_full)
-        blocks = self._match(keys)
+        blocks = self.index.match(keys)
         if len(blocks) < num_full:
             pos = len(blocks)
             return PinFailure(f"block {pos} (tokens from {pos * self.block_size}) is not cached")
