@@ -111,19 +111,25 @@ class PrefixCache:
             raise ValueError(f"request {request_id!r}: token ids may only grow")
         if priorities:
             seq.priorities = tuple(priorities)
-        num_new = -(-len(token_ids) // self.block_size) - len(seq.blocks)
+        return self._grow(seq, token_ids)
+
+    def _grow(self, seq: RequestState, token_ids: Sequence[int]) -> Allocation | None:
+        bs = self.block_size
+        num_new = -(-len(token_ids) // bs) - len(seq.blocks)
         if num_new > self.pool.num_allocatable:
             return None
         seq.tokens.extend(token_ids[len(seq.tokens) :])
+        num_full = len(seq.tokens) // bs
+        if num_new == 0 and num_full == len(seq.keys) and seq.allocation is not None:
+            return seq.allocation  # decode step inside the last block: table unchanged
         self._append_blocks(seq, num_new)
-        num_full = len(seq.tokens) // self.block_size
         if num_full > len(seq.keys):
             first = len(seq.keys)
-            parent = seq.keys[-1] if seq.keys else self.index.root(namespace)
-            keys = self.index.keys(parent, seq.tokens, self.block_size, first, num_full)
-            seq.keys.extend(keys)
+            parent = seq.keys[-1] if seq.keys else self.index.root(seq.namespace)
+            seq.keys.extend(self.index.keys(parent, seq.tokens, bs, first, num_full))
             self._register(seq, first, num_full)
-        return Allocation(tuple(seq.block_ids), seq.num_cached_tokens, seq.match)
+        seq.allocation = Allocation(tuple(seq.block_ids), seq.num_cached_tokens, seq.match)
+        return seq.allocation
 
     def _admit(
         self,
@@ -157,7 +163,8 @@ class PrefixCache:
         self._register(seq, len(matched), num_full)
         self._query_tokens += len(token_ids)
         self._hit_tokens += match.num_tokens
-        return Allocation(tuple(seq.block_ids), match.num_tokens, match)
+        seq.allocation = Allocation(tuple(seq.block_ids), match.num_tokens, match)
+        return seq.allocation
 
     def _attach(self, seq: RequestState, matched: list[Block]) -> None:
         """Take a reference on each matched block (hot path: one pass, no calls per block)."""

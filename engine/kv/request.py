@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.kv.block import Block
-from engine.kv.types import PrefixMatch, PriorityRange
+from engine.kv.types import Allocation, PrefixMatch, PriorityRange
 
 
 @dataclass(eq=False, slots=True)
@@ -37,6 +37,7 @@ class RequestState:
     ready_upto: int = 0  # attached blocks [0, ready_upto) are READY
     owners: set[str] = field(default_factory=set)  # requests owning blocks it attached to
     dependents: dict[str, None] = field(default_factory=dict)  # requests attached to its blocks
+    allocation: Allocation | None = None  # last result, returned again while the table is unchanged
 
     @property
     def num_cached_tokens(self) -> int:

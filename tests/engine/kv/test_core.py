@@ -222,3 +222,26 @@ def test_bad_block_size_rejected() -> None:
     for size in (0, 3, 128):
         with pytest.raises(ValueError):
             make_cache(8, size)
+
+
+def test_pending_deps_lists_every_owner(bs: int) -> None:
+    cache = make_cache(16, bs)
+    cache.allocate("a", "t", toks(bs))  # owns block 0
+    cache.allocate("b", "t", toks(2 * bs + 1))  # attaches block 0, owns block 1
+    alloc = cache.allocate("c", "t", toks(3 * bs))
+    assert alloc.match.block_ids == (0, 1) and alloc.match.owners == ("a", "b")
+    assert cache.pending_deps("c") == {"a": bs, "b": 2 * bs}
+    cache.commit("a", bs)
+    assert cache.pending_deps("c") == {"b": 2 * bs}
+    cache.commit("b", 2 * bs + 1)
+    assert cache.pending_deps("c") == {}
+
+
+def test_preempted_request_readmits_onto_its_own_blocks(bs: int) -> None:
+    cache = make_cache(16, bs)
+    seq = toks(3 * bs + 1)
+    cache.allocate("a", "t", seq)
+    cache.commit("a", len(seq))
+    assert cache.free("a") == []  # preempted: computed blocks stay cached
+    alloc = cache.allocate("a", "t", seq)
+    assert alloc.num_cached_tokens == 3 * bs and alloc.block_table[:3] == (0, 1, 2)

@@ -151,3 +151,13 @@ def test_priority_range_validation() -> None:
         cache.allocate("a", "t", toks(3), priorities=[PriorityRange(4, 2, 50)])
     with pytest.raises(ValueError):
         make_cache(4, 2, default_priority=-1)
+
+
+def test_leaf_first_overrides_priority(bs: int) -> None:
+    rec = Recorder()
+    cache = make_cache(8, bs, listener=rec)
+    ranges = [PriorityRange(0, bs, 10), PriorityRange(bs, None, 90)]
+    cached_chain(cache, "a", "t", 2, bs, priorities=ranges)  # blocks 0 (10) <- 1 (90)
+    cached_chain(cache, "b", "u", 1, bs, priorities=[PriorityRange(0, None, 50)])  # block 2
+    # block 0 has the lowest priority but a cached child: it waits for block 1
+    assert evicted_ids(cache, rec, 3) == [2, 1, 0]
