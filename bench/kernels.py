@@ -293,7 +293,17 @@ def bench_cascade(shape: Shape, w: Workload, args: argparse.Namespace, dev, dtyp
     t_cas = time_us(lambda: cascade_attention(p.q, p.k_cache, p.v_cache, p.meta, scale), **kw)
     t_dec = time_us(lambda: decode_attention(p.q, p.k_cache, p.v_cache, p.meta, scale), **kw)
     m = p.meta
+    extra = {}
+    if args.sweep and dev.type == "cuda":  # KV splits of both passes, vs the planned default
+        extra["sweep_num_splits"] = {
+            n: statistics.median(time_us(
+                lambda n=n: cascade_attention(p.q, p.k_cache, p.v_cache, m, scale, num_splits=n),
+                device=dev, repeats=3, inner=args.inner,
+            ))
+            for n in (2, 4, 8, 16, 32)
+        }  # fmt: skip
     return {
+        **extra,
         "requests": r,
         "shared_prefix": pre,
         "own_tokens": suf + 1,

@@ -47,6 +47,9 @@ def compile_sm90(kernel: LazyKernel, dtype: str, consts: dict, tiles: Tiles) -> 
     resource usage (REG, STACK, LOCAL, SHARED, DYNAMIC_SHARED)."""
     fn = JITFunction(kernel.fn)  # compiled even while the suite runs under the interpreter
     names = fn.arg_names
+    declared = {names[i] for i in fn.constexprs}
+    if declared != set(consts):
+        raise ValueError(f"{names}: constexprs {sorted(declared)} != given {sorted(consts)}")
     sig = {n: "constexpr" if n in consts else _arg_type(n, dtype) for n in names}
     attrs = {
         (i,): [["tt.divisibility", 16]]
@@ -87,15 +90,15 @@ def production_configs() -> dict[str, tuple[LazyKernel, str, dict, Tiles]]:
         tiles = prefill.gpu_tiles(head_dim)
         consts = {**_attention_consts(tiles, head_dim, dtype), "WRITE_LSE": lse}
         out[f"extend_d{head_dim}"] = (prefill._extend_kernel, dtype, consts, tiles)
-    for head_dim, rows in ((64, 2), (128, 32 * 7)):
+    # decode with partials, decode writing the output directly, cascade's shared pass
+    for head_dim, rows, direct in ((64, 2, False), (128, 7, True), (128, 32 * 7, False)):
         tiles = decode.gpu_tiles(head_dim, rows)
-        consts = {**_attention_consts(tiles, head_dim, "bf16"), "SINGLE_SEGMENT": rows > 16}
-        out[f"split_kv_d{head_dim}_m{tiles.block_m}"] = (
-            decode._split_kv_kernel,
-            "bf16",
-            consts,
-            tiles,
-        )
+        consts = {
+            **_attention_consts(tiles, head_dim, "bf16"), "SINGLE_SEGMENT": rows > 16,
+            "DIRECT": direct,
+        }  # fmt: skip
+        name = f"split_kv_d{head_dim}_m{tiles.block_m}" + ("_direct" if direct else "")
+        out[name] = (decode._split_kv_kernel, "bf16", consts, tiles)
     merge_consts = {"HEAD_DIM": 128, "BLOCK_P": 32}
     out["merge"] = (decode._merge_kernel, "fp16", merge_consts, Tiles(1, 1, 2, 1))
     store_consts = {"BLOCK_SIZE": 16, "HEAD_DIM": 64, "BLOCK_H": 2}

@@ -34,6 +34,11 @@ from engine.kernels.triton.prefill import extend_partials
 CASCADE_MIN_SHARED_TOKENS = 256
 CASCADE_MIN_SAVED_TOKENS = 4096
 CASCADE_MAX_QUERY_PER_SEQ = 64
+# Keys per split of the shared pass, at least: every split writes an fp32 partial for every query
+# row of the batch (T x Hq x D x 4 bytes, then read back by the merge); 32 requests x 7 heads per
+# KV head write as many bytes per split as ~110 shared keys x Hkv read, so shorter splits would
+# move more partial bytes than K/V bytes.
+SHARED_MIN_SPLIT = 256
 
 
 def use_cascade(
@@ -110,7 +115,9 @@ def cascade_attention(
     block_m, block_n = tile_config(q.shape[2], rows)[:2]
     shared = Segments(meta.block_tables, None, None, 0, shared_tokens, max_rows=q.shape[0])
     work = triton.cdiv(rows, block_m) * k_cache.shape[2]
-    shared_splits = plan_splits(work, shared_tokens, block_n, q.device, num_splits)
+    shared_splits = plan_splits(
+        work, shared_tokens, block_n, q.device, num_splits, min_split=SHARED_MIN_SPLIT
+    )
     suffix, suffix_splits = _suffix_plan(q, k_cache, meta, shared_tokens, num_splits)
     first = shared_splits[0]
     part_o, part_lse = new_partials(first + suffix_splits[0], q)

@@ -63,6 +63,8 @@ def _split_kv_kernel(
     num_heads,
     stride_qt,
     stride_qh,
+    stride_ot,
+    stride_oh,
     stride_kb,
     stride_ks,
     stride_kh,
@@ -78,6 +80,7 @@ def _split_kv_kernel(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     SINGLE_SEGMENT: tl.constexpr,
+    DIRECT: tl.constexpr,
 ):
     seg = tl.program_id(0)
     tile = tl.program_id(1)
@@ -132,10 +135,16 @@ def _split_kv_kernel(
         m_i = m_new
     nonempty = l_i > 0.0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
-    lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
-    part_row = ((part_base + split) * num_tokens + tok).to(tl.int64) * num_heads + head
-    tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None])
-    tl.store(part_lse_ptr + part_row, lse, mask=row_ok)
+    if DIRECT:  # the only split: part_o_ptr is the output [T, Hq, D] itself
+        row_off = tok[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh
+        out_ptrs = part_o_ptr + row_off + d[None, :]
+        tl.store(out_ptrs, out.to(part_o_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
+        part_row = ((part_base + split) * num_tokens + tok).to(tl.int64) * num_heads + head
+        part_ptrs = part_o_ptr + part_row[:, None] * HEAD_DIM + d[None, :]
+        tl.store(part_ptrs, out, mask=row_ok[:, None])
+        tl.store(part_lse_ptr + part_row, lse, mask=row_ok)
 
 
 @lazy_jit
@@ -184,13 +193,20 @@ def tile_config(head_dim: int, rows: int) -> Tiles:
 
 
 def plan_splits(
-    work_items: int, max_kv: int, block_n: int, device: torch.device, wanted: int | None = None
+    work_items: int,
+    max_kv: int,
+    block_n: int,
+    device: torch.device,
+    wanted: int | None = None,
+    min_split: int = 0,
 ) -> tuple[int, int]:
     """(num_splits, split_size): enough KV splits that the grid fills the device about twice
-    over; ``split_size`` is a multiple of ``block_n`` and no split starts past ``max_kv``."""
+    over, each at least ``min_split`` keys (when not ``wanted`` explicitly); ``split_size`` is a
+    multiple of ``block_n`` and no split starts past ``max_kv``."""
     max_kv = max(max_kv, 1)
     if wanted is None:
         wanted = triton.cdiv(2 * num_sms(device), max(1, work_items))
+        wanted = min(wanted, max(1, max_kv // max(min_split, 1)))
     wanted = max(1, min(wanted, triton.cdiv(max_kv, block_n), 256))
     split_size = triton.cdiv(triton.cdiv(max_kv, wanted), block_n) * block_n
     return triton.cdiv(max_kv, split_size), split_size
@@ -224,9 +240,11 @@ def split_kv_partials(
     part_lse: torch.Tensor,
     part_base: int,
     scale: float,
+    out: torch.Tensor | None = None,
 ) -> None:
     """Partials ``part_base .. part_base + num_splits - 1`` of every row of every segment;
-    ``splits`` = (num_splits, split_size) from ``plan_splits``."""
+    ``splits`` = (num_splits, split_size) from ``plan_splits``. With ``out`` (one split only)
+    the normalized result goes straight to out [T, Hq, D] and no partials are written."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -238,14 +256,17 @@ def split_kv_partials(
     grid = (num_segs, triton.cdiv(segs.max_rows * group, block_m), num_kv_heads * num_splits)
     seg_q = segs.block_tables if single else segs.seg_q  # unused pointer in single mode
     seg_kv = segs.block_tables if single else segs.seg_kv
+    if out is not None and num_splits != 1:
+        raise ValueError("a direct output needs exactly one split")
+    dst = out if out is not None else part_o
     _split_kv_kernel[grid](
-        q, k_cache, v_cache, segs.block_tables, seg_q, seg_kv, part_o, part_lse,
+        q, k_cache, v_cache, segs.block_tables, seg_q, seg_kv, dst, part_lse,
         scale * LOG2E, segs.kv_lo, segs.kv_hi, split_size, num_splits, part_base, num_tokens,
-        num_heads, q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-        segs.block_tables.stride(0),
+        num_heads, q.stride(0), q.stride(1), dst.stride(0), dst.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3], segs.block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_SIZE=block_size, PRECISION=precision, UPCAST=upcast, SINGLE_SEGMENT=single,
-        num_warps=num_warps, num_stages=num_stages,
+        DIRECT=out is not None, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 
 
@@ -298,6 +319,12 @@ def decode_attention(
         q.device,
         num_splits,
     )
+    if splits[0] == 1:  # enough requests x kv heads to fill the device: no merge needed
+        split_kv_partials(
+            q, k_cache, v_cache, segs, splits=splits, part_o=out, part_lse=out, part_base=0,
+            scale=scale, out=out,
+        )  # fmt: skip
+        return out
     part_o, part_lse = new_partials(splits[0], q)
     split_kv_partials(
         q, k_cache, v_cache, segs, splits=splits, part_o=part_o, part_lse=part_lse, part_base=0,
