@@ -6,9 +6,32 @@ A block's ``pin_count`` counts the live handles covering it; ``num_pinned`` coun
 
 from __future__ import annotations
 
-from engine.kv.block import Block
+from collections.abc import Sequence
+
+from engine.kv.block import Block, BlockState
+from engine.kv.index import KeyIndex, NullIndex
 from engine.kv.pool import BlockPool
 from engine.kv.types import PinFailure, PinHandle
+
+
+def resolve_pin(
+    index: KeyIndex | NullIndex, namespace: str, token_ids: Sequence[int], block_size: int
+) -> list[Block] | PinFailure:
+    """The READY blocks of all full blocks of ``token_ids``, or why they cannot be pinned."""
+    num_full = len(token_ids) // block_size
+    if num_full == 0:
+        return PinFailure(f"prefix has no full block (block size {block_size})")
+    root = index.root(namespace)
+    if root is None:
+        return PinFailure("prefix reuse is disabled", num_full)
+    blocks = index.match(index.keys(root, token_ids, block_size, 0, num_full))
+    if len(blocks) < num_full:
+        pos = len(blocks)
+        return PinFailure(f"block {pos} (tokens from {pos * block_size}) is not cached", num_full)
+    for block in blocks:
+        if block.state is not BlockState.READY:
+            return PinFailure(f"block {block.pos} is still being computed (PENDING)", num_full)
+    return blocks
 
 
 class PinTable:

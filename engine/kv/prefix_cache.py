@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from engine.kv.block import Block, BlockState
 from engine.kv.index import KeyIndex, NullIndex
 from engine.kv.integrity import check_integrity
-from engine.kv.pins import PinTable
+from engine.kv.pins import PinTable, resolve_pin
 from engine.kv.pool import BlockPool
 from engine.kv.request import RequestState
 from engine.kv.types import (
@@ -408,21 +408,10 @@ class PrefixCache:
 
     def pin(self, namespace: str, token_ids: Sequence[int]) -> PinHandle | PinFailure:
         """Keep the full blocks of ``token_ids`` (all READY) resident until ``unpin``."""
-        num_full = len(token_ids) // self.block_size
-        if num_full == 0:
-            return PinFailure(f"prefix has no full block (block size {self.block_size})")
-        root = self.index.root(namespace)
-        if root is None:
-            return PinFailure("prefix reuse is disabled", num_full)
-        keys = self.index.keys(root, token_ids, self.block_size, 0, num_full)
-        blocks = self.index.match(keys)
-        if len(blocks) < num_full:
-            pos = len(blocks)
-            return PinFailure(f"block {pos} (tokens from {pos * self.block_size}) is not cached")
-        for block in blocks:
-            if block.state is not READY:
-                return PinFailure(f"block {block.pos} is still being computed (PENDING)")
-        return self.pins.pin(namespace, blocks, num_full * self.block_size, self.pool)
+        found = resolve_pin(self.index, namespace, token_ids, self.block_size)
+        if isinstance(found, PinFailure):
+            return found
+        return self.pins.pin(namespace, found, len(found) * self.block_size, self.pool)
 
     def unpin(self, handle: PinHandle) -> None:
         """Release a pin (idempotent); its blocks fall back to priority/LRU retention."""
