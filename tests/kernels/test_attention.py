@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels.triton import choose_kernel, paged_attention
+from engine.kernels.triton import choose_kernel, paged_attention, store_kv
 from tests.kernels.helpers import assert_close, make_batch, ref_attention
 
 
@@ -32,3 +32,29 @@ def test_paged_attention_runs_the_chosen_kernel(device):
         )
         out = paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
         assert_close(out, ref_attention(batch), torch.float32)
+
+
+def test_triton_path_matches_the_engine_reference_ops(device):
+    """The CPU path of the dispatch point and the Triton kernels read the same contract."""
+    from engine.kernels import reference
+
+    batch = make_batch(
+        (0, 7, 16), (5, 1, 3), block_size=8, num_heads=4, num_kv_heads=2, device=device
+    )
+    ref = reference.paged_attention(
+        batch.q.cpu(), batch.k_cache.cpu(), batch.v_cache.cpu(), _cpu(batch.meta), batch.scale
+    )
+    out = paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    assert_close(out, ref.double(), torch.float32)
+    key = torch.randn(9, 2, 64, device=device)
+    slots = torch.randperm(batch.k_cache.shape[0] * 8, device=device)[:9]
+    expected_k, expected_v = batch.k_cache.cpu().clone(), batch.v_cache.cpu().clone()
+    reference.store_kv(key.cpu(), -key.cpu(), expected_k, expected_v, slots.cpu())
+    store_kv(key, -key, batch.k_cache, batch.v_cache, slots)
+    assert torch.equal(batch.k_cache.cpu(), expected_k)
+    assert torch.equal(batch.v_cache.cpu(), expected_v)
+
+
+def _cpu(meta):
+    fields = {f: getattr(meta, f) for f in meta.__dataclass_fields__}
+    return type(meta)(**{k: v.cpu() if torch.is_tensor(v) else v for k, v in fields.items()})
