@@ -47,8 +47,8 @@ def use_cascade(
     """True when cascade attention is expected to beat per-request attention for this batch.
 
     Cascade saves re-reading the shared prefix: (num_seqs - 1) * S token rows of K and V. It costs
-    two extra launches (a few microseconds) and an fp32 partial output + log-sum-exp per query row
-    and split, written then merged. So it is chosen when
+    one or two extra launches (a few microseconds) and an fp32 partial output + log-sum-exp per
+    query row and split, written then merged. So it is chosen when
 
     * S >= CASCADE_MIN_SHARED_TOKENS (256): a shorter prefix is read faster than the extra
       launches and partials cost;
@@ -57,6 +57,9 @@ def use_cascade(
     * num_query_tokens <= CASCADE_MAX_QUERY_PER_SEQ * num_seqs (64 new tokens per request on
       average): requests with long chunks already reuse each prefix tile across a whole query
       tile in the extend kernel and are compute bound, so sharing the reads gains little there.
+
+    The thresholds are estimates from these byte counts, not yet calibrated on a GPU;
+    ``kvgate bench kernels`` measures cascade vs per-request decode at 32 x 2,048 tokens.
     """
     shared_tokens = num_shared_blocks * block_size
     return (
@@ -75,7 +78,7 @@ def _suffix_plan(
     num_splits: int | None,
 ) -> tuple[Segments | None, tuple[int, int]]:
     """Pass 2 of a decode-only batch: split-KV segments and splits; (None, (1, 0)) when the
-    extend kernel computes it as a single partial."""  # fmt: skip
+    extend kernel computes it as a single partial."""
     if not (meta.is_decode_only and q.shape[0] == meta.num_seqs):
         return None, (1, 0)
     suffix_kv = max(1, meta.max_seq_len - shared_tokens)

@@ -14,6 +14,8 @@ Decode: one segment per request (its single query token, keys [0, seq_len)). Cas
 reuses the same kernel in SINGLE_SEGMENT mode: one segment holding every query token of the batch,
 keys [0, kv_hi) through block_tables[0], described by scalars (no index tensors to build).
 ``merge_partials`` combines the P partials of each row: o = sum_p 2^(lse_p - m) o_p / sum_p 2^(...).
+When one split suffices (many requests x KV heads already fill the device), the kernel writes the
+output directly (DIRECT) and there is no merge launch.
 """
 
 from __future__ import annotations
