@@ -60,7 +60,7 @@ class PrefixCache:
         self.index: KeyIndex | NullIndex = KeyIndex() if enable_reuse else NullIndex()
         self.pins = PinTable(int(pin_cap_fraction * num_blocks))
         self.requests: dict[str, RequestState] = {}
-        self._tick = 0  # logical clock for LRU
+        self._tick = 0  # logical clock: a block's last_access is the tick it was last released
         self._admitted = 0
         self._num_pending = 0
         self._num_in_use = 0
@@ -151,7 +151,6 @@ class PrefixCache:
             if num_new > self.pool.num_allocatable - taken_idle:
                 return None
         self._admitted += 1
-        self._tick += 1
         match = self._as_match(matched)
         seq = RequestState(request_id, namespace, self._admitted, match, priorities)
         self.requests[request_id] = seq
@@ -174,7 +173,7 @@ class PrefixCache:
         for pos, block in enumerate(matched):
             if block.ref_count == 0:
                 self._num_in_use += 1
-                if block.pin_count == 0:  # idle -> held: leaves the reclaimable set
+                if block.pin_count == 0:  # idle -> held (pool.unmark_idle, inlined)
                     pool.num_idle -= 1
                     block.heap_stamp = 0
             block.ref_count += 1
@@ -232,13 +231,6 @@ class PrefixCache:
                 parent.children.add(block)
             seq.owned.append(pos)
             self._num_pending += 1
-
-    def _hold(self, block: Block) -> None:
-        if block.ref_count == 0:
-            self._num_in_use += 1
-            if block.pin_count == 0:
-                self.pool.unmark_idle(block)
-        block.ref_count += 1
 
     # ---------------------------------------------------------------- progress / early reuse
 
