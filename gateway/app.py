@@ -37,7 +37,7 @@ from gateway.pins import PinManager
 from gateway.ratelimit import FailoverLimiter, Limiter, MemoryLimiter, RedisLimiter, make_client
 from gateway.ratelimit.types import LimiterUnavailable
 from gateway.settings import ModelSettings, Settings
-from gateway.telemetry import GatewayMetrics, make_tracer_provider
+from gateway.telemetry import GatewayMetrics, make_tracer, make_tracer_provider
 from tenants.db import make_engine, make_session_factory
 from tenants.events import RedisEventBridge
 from tenants.keys import LastUsedRecorder
@@ -84,7 +84,9 @@ def create_app(
     )
     app[SETTINGS] = settings
     provider = make_tracer_provider(settings.telemetry, span_exporter)
-    app[TELEMETRY] = Telemetry(GatewayMetrics(), provider, provider.get_tracer("kvgate.gateway"))
+    exporting = span_exporter is not None or settings.telemetry.otlp_endpoint is not None
+    tracer = make_tracer(provider, exporting)
+    app[TELEMETRY] = Telemetry(GatewayMetrics(), provider, tracer)
     db = make_engine(settings.tenants.database_url)  # connects lazily, on first use
     store = TenantStore(
         make_session_factory(db), default_limits=settings.tenants.default_limits, engine=db

@@ -70,7 +70,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         try:
             resp, stats = await _serve(request, state, principal.runtime, body, rid, obs)
             status = resp.status
-            resp.headers["x-request-id"] = rid  # ignored once a stream is prepared
             return resp
         except ApiError as exc:
             status, error = exc.status, exc.code or exc.type
@@ -125,7 +124,7 @@ async def _serve(
         await gen.start()
         if body.stream:
             return await _stream(request, gen, body, rid, headers, obs), gen.stats
-        return await _complete(gen, body, rid, headers), gen.stats
+        return await _complete(request, gen, body, rid, headers), gen.stats
     finally:
         # Shielded: a client disconnect cancels this handler, but the engine request, the lease
         # and the pin reference must still be given back.
@@ -228,7 +227,7 @@ def rate_limit_error(decision: Decision) -> ApiError:
 
 
 async def _complete(
-    gen: Generation, body: ChatRequest, rid: str, headers: dict[str, str]
+    request: web.Request, gen: Generation, body: ChatRequest, rid: str, headers: dict[str, str]
 ) -> web.Response:
     parts: list[str] = []
     async with contextlib.aclosing(gen.text()) as deltas:
@@ -237,7 +236,11 @@ async def _complete(
     s = gen.stats
     usage = usage_body(s.prompt_tokens, s.completion_tokens, s.cached_tokens)
     out = completion_body(rid, body.model, "".join(parts), s.finish_reason or "stop", usage)
-    return web.json_response(out, headers=headers)
+    resp = web.json_response(out, headers=headers)
+    # Sent now, so the limiter release in ``finally`` is not on the client's critical path.
+    await resp.prepare(request)
+    await resp.write_eof()
+    return resp
 
 
 async def _stream(

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from gateway.telemetry.logs import configure_logging
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.telemetry.tracing import make_tracer_provider
+from gateway.telemetry.tracing import make_tracer, make_tracer_provider
 
-__all__ = ["GatewayMetrics", "configure_logging", "make_tracer_provider"]
+__all__ = ["GatewayMetrics", "configure_logging", "make_tracer", "make_tracer_provider"]

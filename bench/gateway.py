@@ -1,0 +1,323 @@
+"""``kvgate bench gateway``: what the gateway and its limiter add on top of the engine.
+
+Side by side in one run, interleaved request by request (so machine noise hits both alike):
+
+    direct    AsyncEngine.generate(prompt ids, namespace=tenant salt)      (no HTTP)
+    gateway   POST /v1/chat/completions on loopback (auth, prompt assembly, rate limit, engine,
+              JSON), once with the Redis limiter and once with the in-process limiter
+
+Same tenant, same prompt tokens, same pinned prefix, same greedy output length. The added
+latency is the median of per-pair differences (gateway - direct) in each repeat; reported as
+the median over repeats with the min-max spread. Redis commands per request are counted with
+MONITOR on a private redis-server (script-internal commands excluded): the target is exactly
+one EVALSHA at admission (plus one at release, after the response).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SYSTEM = "You are the benchmark assistant of Example Corp. Answer in one short sentence. " * 3
+ADMIN_TOKEN = "bench-admin-token-0123456789"
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="kvgate bench gateway", description=__doc__)
+    p.add_argument("--requests", type=int, default=60, help="request pairs per repeat")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=4)
+    p.add_argument("--model", help="model directory (default: the demo model, written to tmp)")
+    p.add_argument("--redis-server", default="redis-server", help="binary for a private Redis")
+    p.add_argument("--out", type=Path, default=RESULTS / "gateway.json")
+    return p.parse_args(list(argv))
+
+
+class _Setup:
+    """A gateway app on loopback + the engine it wraps + one tenant with a pinned prompt."""
+
+    def __init__(self, app: web.Application, runner: web.AppRunner, url: str) -> None:
+        self.app, self.runner, self.url = app, runner, url
+        self.key = ""
+        self.salt = ""
+        self.prompt_ids: list[int] = []
+
+
+async def _start(settings: Any, engine: Any) -> _Setup:
+    from gateway.app import create_app
+
+    app = create_app(settings, engine=engine)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return _Setup(app, runner, f"http://{host}:{port}")
+
+
+async def _make_tenant(setup: _Setup, http: aiohttp.ClientSession, tenant_id: str) -> None:
+    from gateway.chat.prompt import assemble
+    from gateway.chat.schemas import ChatMessage
+    from gateway.context import STATE
+
+    hdrs = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    limits = {"rpm": 10_000_000, "tpm": 1_000_000_000, "max_concurrency": 1000}
+    body = {"id": tenant_id, "name": tenant_id, "system_prompt": SYSTEM, "limits": limits}
+    async with http.post(f"{setup.url}/admin/v1/tenants", json=body, headers=hdrs) as r:
+        assert r.status == 201, await r.text()
+    url = f"{setup.url}/admin/v1/tenants/{tenant_id}/keys"
+    async with http.post(url, json={"kind": "server"}, headers=hdrs) as r:
+        setup.key = (await r.json())["key"]
+    state = setup.app[STATE]
+    rt = await state.store.get_tenant_runtime(tenant_id)
+    entry = await state.pins.activate(rt)
+    setup.salt = rt.cache_salt
+    setup.prompt_ids = assemble(
+        state.tokenizer, entry.prefix, [ChatMessage(role="user", content="hi")]
+    )
+
+
+async def _direct(engine: Any, setup: _Setup, params: Any) -> float:
+    t0 = time.perf_counter()
+    async for _ in engine.generate(setup.prompt_ids, params, namespace=setup.salt):
+        pass
+    return time.perf_counter() - t0
+
+
+async def _via_gateway(http: aiohttp.ClientSession, setup: _Setup, body: dict[str, Any]) -> float:
+    t0 = time.perf_counter()
+    hdrs = {"Authorization": f"Bearer {setup.key}"}
+    async with http.post(f"{setup.url}/v1/chat/completions", json=body, headers=hdrs) as r:
+        data = await r.json()
+    elapsed = time.perf_counter() - t0
+    assert r.status == 200, data
+    return elapsed
+
+
+async def _measure(
+    engine: Any, setups: dict[str, _Setup], args: argparse.Namespace, model: str
+) -> dict[str, Any]:
+    from engine import SamplingParams
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    body |= {"max_tokens": args.max_tokens, "temperature": 0}
+    per_repeat: dict[str, list[dict[str, float]]] = {name: [] for name in setups}
+    async with aiohttp.ClientSession() as http:
+        for setup in setups.values():  # warm-up: connections, script, caches
+            for _ in range(5):
+                await _via_gateway(http, setup, body)
+                await _direct(engine, setup, params)
+        for _ in range(args.repeats):
+            for name, setup in setups.items():
+                direct, gateway = [], []
+                for _ in range(args.requests):
+                    direct.append(await _direct(engine, setup, params))
+                    gateway.append(await _via_gateway(http, setup, body))
+                diffs = [g - d for g, d in zip(gateway, direct, strict=True)]
+                per_repeat[name].append(
+                    {
+                        "direct_p50_ms": statistics.median(direct) * 1e3,
+                        "gateway_p50_ms": statistics.median(gateway) * 1e3,
+                        "added_p50_ms": statistics.median(diffs) * 1e3,
+                        "added_p90_ms": statistics.quantiles(diffs, n=10)[-1] * 1e3,
+                    }
+                )
+    out: dict[str, Any] = {}
+    for name, reps in per_repeat.items():
+        out[name] = {
+            key: {
+                "median": statistics.median(r[key] for r in reps),
+                "min": min(r[key] for r in reps),
+                "max": max(r[key] for r in reps),
+            }
+            for key in reps[0]
+        }
+        out[name]["repeats"] = reps
+    return out
+
+
+async def _count_redis_commands(redis_url: str, setup: _Setup, model: str, n: int) -> dict:
+    """MONITOR while ``n`` gateway requests run: client commands by name and first argument."""
+    import redis.asyncio as aioredis
+
+    mon_client = aioredis.Redis.from_url(redis_url)
+    marker = aioredis.Redis.from_url(redis_url)
+    await marker.ping()
+    counts: dict[str, int] = {}
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with aiohttp.ClientSession() as http, mon_client.monitor() as mon:
+        for _ in range(n):
+            await _via_gateway(http, setup, body)
+        await marker.echo("bench-monitor-end")
+        while True:
+            cmd = await mon.next_command()
+            if "bench-monitor-end" in cmd["command"]:
+                break
+            if cmd.get("client_type") == "lua":
+                continue
+            words = cmd["command"].split()
+            name = words[0].upper()
+            if name in ("EVALSHA", "EVAL") and len(words) > 6:
+                name += f" {words[6]}"  # the script's mode: acquire | release
+            counts[name] = counts.get(name, 0) + 1
+    await mon_client.aclose()
+    await marker.aclose()
+    return {"requests": n, "commands": counts}
+
+
+async def _limiter_rtt(redis_url: str, n: int = 200) -> dict[str, float]:
+    """Bare admission latency of the Redis limiter (one EVALSHA), for context."""
+    from gateway.ratelimit import Limits, RedisLimiter, make_client
+
+    lim = RedisLimiter(make_client(redis_url, 2.0), "kvgate-bench:")
+    await lim.warm()
+    limits = Limits(rpm=10_000_000, tpm=1_000_000_000, max_concurrency=1000)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        d = await lim.acquire("rtt", limits, 100)
+        times.append(time.perf_counter() - t0)
+        assert d.lease is not None
+        await lim.release(d.lease, 50)
+    await lim.close()
+    return {
+        "acquire_p50_ms": statistics.median(times) * 1e3,
+        "acquire_p90_ms": statistics.quantiles(times, n=10)[-1] * 1e3,
+    }
+
+
+async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    from engine import AsyncEngine
+    from engine.model.demo import write_demo_model
+    from gateway.settings import Settings
+    from tenants.migrate import upgrade_to_head
+
+    model_dir = Path(args.model) if args.model else write_demo_model(tmp / "demo-model")
+    redis = _PrivateRedis(args.redis_server, tmp)
+    setups: dict[str, _Setup] = {}
+    engine = AsyncEngine.from_pretrained(model_dir, device="cpu", kv_cache_bytes=64 << 20)
+    try:
+        for name, extra in (("redis", {"KVGATE_REDIS_URL": redis.url}), ("in_process", {})):
+            db = f"sqlite+aiosqlite:///{tmp}/{name}.db"
+            await upgrade_to_head(db)
+            env = {
+                "KVGATE_DATABASE_URL": db,
+                "KVGATE_ADMIN_TOKEN": ADMIN_TOKEN,
+                "KVGATE_KEY_CACHE_TTL_S": "600",
+                "KVGATE_MODEL_NAME": model_dir.resolve().name,
+                **extra,
+            }
+            # One engine for all: the app that starts it first owns it; the others reuse it.
+            setups[name] = await _start(Settings.from_env(env), engine)
+            async with aiohttp.ClientSession() as http:
+                await _make_tenant(setups[name], http, f"bench-{name.replace('_', '-')}")
+        model = model_dir.resolve().name
+        results = await _measure(engine, setups, args, model)
+        results["redis_round_trips"] = await _count_redis_commands(
+            redis.url, setups["redis"], model, 20
+        )
+        results["redis_limiter_alone"] = await _limiter_rtt(redis.url)
+        return results
+    finally:
+        for setup in reversed(list(setups.values())):
+            await setup.runner.cleanup()
+        redis.stop()
+
+
+class _PrivateRedis:
+    """redis-server on a free loopback port, no persistence: MONITOR sees only this bench."""
+
+    def __init__(self, binary: str, workdir: Path) -> None:
+        import socket
+        import subprocess
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        cmd = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        cmd += ["--appendonly", "no", "--dir", str(workdir)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.02)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+def _table(results: dict[str, Any]) -> str:
+    rows = ["| limiter | direct p50 ms | gateway p50 ms | added p50 ms (min-max) | added p90 ms |"]
+    rows.append("| --- | --- | --- | --- | --- |")
+    for name in ("redis", "in_process"):
+        r = results[name]
+        added = r["added_p50_ms"]
+        rows.append(
+            f"| {name} | {r['direct_p50_ms']['median']:.2f} | {r['gateway_p50_ms']['median']:.2f}"
+            f" | {added['median']:.2f} ({added['min']:.2f}-{added['max']:.2f})"
+            f" | {r['added_p90_ms']['median']:.2f} |"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parse(argv)
+    config = {
+        "benchmark": "gateway",
+        "model": args.model or "demo (Qwen2 geometry: hidden 256, 4 layers, vocab 2000)",
+        "device": "cpu",
+        "requests_per_repeat": args.requests,
+        "repeats": args.repeats,
+        "max_tokens": args.max_tokens,
+        "client": "aiohttp on loopback, same event loop as the server, keep-alive",
+        "logging": "level warning (no per-request log line)",
+        "threads": os.environ.get("OMP_NUM_THREADS", "default"),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+    print(json.dumps(config, indent=2))
+    from gateway.settings import TelemetrySettings
+    from gateway.telemetry import configure_logging
+
+    # Request log lines off (level warning): the bench measures the request path, not stdout.
+    configure_logging(TelemetrySettings("warning", True, "kvgate-bench", None))
+    with tempfile.TemporaryDirectory() as tmp:
+        results = asyncio.run(_run(args, Path(tmp)))
+    trips = results["redis_round_trips"]
+    per_request = {k: v / trips["requests"] for k, v in trips["commands"].items()}
+    results["redis_round_trips"]["per_request"] = per_request
+    print(_table(results))
+    print(f"Redis commands per request (MONITOR, client side): {per_request}")
+    rtt = results["redis_limiter_alone"]
+    print(
+        f"Redis limiter alone: acquire p50 {rtt['acquire_p50_ms']:.3f} ms, "
+        f"p90 {rtt['acquire_p90_ms']:.3f} ms"
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
