@@ -245,3 +245,24 @@ def test_preempted_request_readmits_onto_its_own_blocks(bs: int) -> None:
     assert cache.free("a") == []  # preempted: computed blocks stay cached
     alloc = cache.allocate("a", "t", seq)
     assert alloc.num_cached_tokens == 3 * bs and alloc.block_table[:3] == (0, 1, 2)
+
+
+def test_decode_hashes_each_block_once(bs: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.kv.index as index_mod
+
+    hashed: list[int] = []
+    real = index_mod.block_keys
+
+    def counting(parent, token_ids, block_size, first, last):  # type: ignore[no-untyped-def]
+        hashed.append(max(0, last - first))
+        return real(parent, token_ids, block_size, first, last)
+
+    monkeypatch.setattr(index_mod, "block_keys", counting)
+    cache = make_cache(32, bs)
+    seq = toks(2 * bs + 1)
+    cache.allocate("a", "t", seq)
+    assert sum(hashed) == len(seq) // bs
+    for step in range(3 * bs):
+        seq.append(900 + step)
+        cache.allocate("a", "t", seq)
+    assert sum(hashed) == len(seq) // bs  # every full block hashed exactly once
