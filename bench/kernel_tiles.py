@@ -18,7 +18,7 @@ from engine.kernels.triton._common import Tiles
 
 PREFILL_CANDIDATES = {
     64: [Tiles(128, 64, 8, 3), Tiles(128, 64, 4, 3), Tiles(128, 128, 8, 3), Tiles(64, 64, 4, 3)],
-    128: [Tiles(128, 32, 8, 3), Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2), Tiles(64, 64, 4, 3)],
+    128: [Tiles(128, 64, 8, 3), Tiles(128, 32, 8, 3), Tiles(128, 64, 8, 2), Tiles(64, 64, 4, 3)],
 }
 # decode: block_m follows the GQA group; these vary keys per tile and pipeline depth
 DECODE_CANDIDATES = [(32, 3), (64, 3), (64, 4), (128, 3), (32, 5)]
