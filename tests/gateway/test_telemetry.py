@@ -32,7 +32,12 @@ async def test_span_metrics_and_log_of_a_request(
                 max_tokens=4,
                 temperature=0,
             )
-        model = gw.state.model_name
+            # The response is sent before the handler's bookkeeping ends: wait for the span.
+            model = gw.state.model_name
+            for _ in range(200):
+                if any(s.name == f"chat {model}" for s in gw.spans.get_finished_spans()):
+                    break
+                await asyncio.sleep(0.01)
         spans = gw.spans.get_finished_spans()
         (root,) = [s for s in spans if s.name == f"chat {model}"]
         a = root.attributes
