@@ -44,6 +44,7 @@ class RequestObserver:
         self.status = 500
         self.stream = False
         self.delivered = False  # a stream's last event was written
+        self.stream_error: str | None = None  # a failure reported inside a started stream
         self.stats: GenerationStats | None = None
 
     @contextlib.contextmanager

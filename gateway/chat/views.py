@@ -70,6 +70,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         try:
             resp, stats = await _serve(request, state, principal.runtime, body, rid, obs)
             status = resp.status
+            error = obs.stream_error
             return resp
         except ApiError as exc:
             status, error = exc.status, exc.code or exc.type
@@ -254,9 +255,21 @@ async def _stream(
     resp = await open_stream(request, headers)
     created = int(time.time())
     await send_event(resp, chunk_body(rid, body.model, created, {"role": "assistant"}))
-    async with contextlib.aclosing(gen.text()) as deltas:
-        async for delta in deltas:
-            await send_event(resp, chunk_body(rid, body.model, created, {"content": delta}))
+    try:
+        async with contextlib.aclosing(gen.text()) as deltas:
+            async for delta in deltas:
+                await send_event(resp, chunk_body(rid, body.model, created, {"content": delta}))
+    except ConnectionError:
+        raise  # the client is gone: nothing to tell it
+    except Exception as exc:
+        # Headers are out: the failure becomes an error event, then [DONE] (OpenAI style).
+        err = to_api_error(exc) or ApiError(500, "internal server error", type_="internal_error")
+        obs.stream_error = err.code or err.type
+        await send_event(resp, err.body())
+        await send_done(resp)
+        obs.delivered = True
+        await resp.write_eof()
+        return resp
     s = gen.stats
     final = chunk_body(rid, body.model, created, {}, finish_reason=s.finish_reason or "stop")
     await send_event(resp, final)

@@ -119,3 +119,23 @@ async def test_shutdown_deadline_aborts_long_streams(
         assert time.monotonic() - started < 3.0
         assert finish is None and not done
         assert gw.state.limiter.active_leases(t.id) == 0
+
+
+async def test_engine_failure_mid_stream_becomes_an_error_event(
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    async with live_gateway(make_settings(gateway_database, tmp_path), demo_model_dir) as gw:
+        t = await gw.create_tenant("midfail", limits={"max_output_tokens": 1500})
+        url = f"{gw.base_url}/v1/chat/completions"
+        headers = {"Authorization": f"Bearer {t.key}"}
+        async with gw.http.post(url, json=stream_body(gw, 1500), headers=headers) as resp:
+            assert resp.status == 200
+            await resp.content.readline()
+            await gw.state.engine.shutdown()  # the engine goes away under the stream
+            events = [
+                line.decode().strip() async for line in resp.content if line.startswith(b"data: ")
+            ]
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2][6:])["error"]
+        assert error["code"] == "engine_unavailable" and error["type"] == "service_unavailable"
+        assert gw.state.limiter.active_leases(t.id) == 0
