@@ -73,6 +73,13 @@ class KeyCache:
         self._runtimes[tenant_id] = (rt, now + self._ttl)
         return rt
 
+    def check_integrity(self) -> None:
+        for digest, (ident, expiry) in self._keys.items():
+            assert len(digest) == 64 and ident.tenant_id, f"bad key entry {digest[:8]}"
+            assert expiry > 0, f"bad expiry for key of {ident.tenant_id}"
+        for tenant_id, (rt, _) in self._runtimes.items():
+            assert rt.tenant_id == tenant_id, f"runtime of {rt.tenant_id} under {tenant_id}"
+
     def invalidate(self, tenant_id: str) -> None:
         self._runtimes.pop(tenant_id, None)
         for digest in [d for d, (i, _) in self._keys.items() if i.tenant_id == tenant_id]:

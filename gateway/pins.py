@@ -73,10 +73,13 @@ class PinManager:
 
     # -- start-up and events ----------------------------------------------------------------
     async def pin_all(self) -> None:
+        """Start-up pinning. A failure is logged, never fatal: requests then pin on first use."""
         try:
             runtimes = await self._store.list_active_runtimes()
             for rt in await order_by_recent_use(self._store, runtimes):
                 await self.activate(rt)
+        except Exception:
+            log.exception("startup_pinning_failed")
         finally:
             self.ready.set()
 

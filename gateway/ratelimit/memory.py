@@ -100,6 +100,14 @@ class MemoryLimiter:
         now = self._clock()
         return sum(1 for exp in self._leases.get(tenant, {}).values() if exp > now)
 
+    def check_integrity(self) -> None:
+        for (tenant, dim), tat in self._tat.items():
+            assert dim in ("rpm", "tpm"), f"unknown dimension {dim!r} for {tenant}"
+            assert tat == tat and tat >= 0, f"bad TAT {tat} for {tenant}/{dim}"
+        for tenant, leases in self._leases.items():
+            for lease_id, expiry in leases.items():
+                assert lease_id and expiry > 0, f"bad lease {lease_id!r} of {tenant}"
+
     async def close(self) -> None:
         return None
 

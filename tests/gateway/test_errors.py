@@ -131,6 +131,7 @@ async def test_suspended_tenant_is_403_and_revoked_key_401(gw: LiveGateway) -> N
     for k in keys:
         await gw.admin("DELETE", f"/tenants/{t.id}/keys/{k['id']}")
     assert_error(*(await post(gw, t.key, ok_body(gw))), 401)
+    gw.state.keys.check_integrity()
 
 
 async def test_prompt_over_the_context_is_context_length_exceeded(

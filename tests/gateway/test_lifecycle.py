@@ -50,6 +50,8 @@ async def test_disconnect_mid_stream_aborts_and_frees_blocks_and_lease(
         # 1500 tokens would take seconds; the abort frees everything at once.
         await wait_for(lambda: gw.state.engine.cache_stats().blocks_in_use == 0, timeout=2.0)
         await wait_for(lambda: gw.state.limiter.active_leases(t.id) == 0, timeout=2.0)
+        gw.state.limiter.check_integrity()
+        gw.state.pins.check_integrity()
         assert time.monotonic() - started < 2.0
         info = await gw.admin("GET", f"/tenants/{t.id}/cache")
         assert info["inflight_requests"] == 0

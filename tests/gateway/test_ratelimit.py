@@ -76,6 +76,8 @@ async def test_concurrency_leases(limiter: Limiter) -> None:
     assert d.allowed
     await limiter.release(b.lease, 1)
     await limiter.release(d.lease, 1)
+    if isinstance(limiter, MemoryLimiter):
+        limiter.check_integrity()
     assert (
         await limiter.active_leases("t")  # type: ignore[attr-defined]
         if isinstance(limiter, RedisLimiter)
@@ -91,6 +93,7 @@ async def test_lease_expires_by_ttl() -> None:
     assert not (await lim.acquire("t", limits, 1)).allowed
     now[0] = 1001.0  # the holder crashed without releasing
     assert (await lim.acquire("t", limits, 1)).allowed
+    lim.check_integrity()
 
 
 async def test_gcra_refills_over_time() -> None:
