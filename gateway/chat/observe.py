@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import structlog
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway.chat.generation import GenerationStats
 from gateway.chat.schemas import ChatRequest
@@ -25,6 +26,7 @@ from gateway.context import Telemetry
 log = structlog.get_logger("gateway.chat")
 
 PROVIDER_NAME = "kvgate"
+_PROPAGATOR = TraceContextTextMapPropagator()  # W3C traceparent of the caller
 
 
 def _epoch_ns(monotonic_s: float) -> int:
@@ -48,11 +50,13 @@ class RequestObserver:
         self.stats: GenerationStats | None = None
 
     @contextlib.contextmanager
-    def request_span(self, body: ChatRequest, max_tokens: int | None = None) -> Iterator[None]:
+    def request_span(self, body: ChatRequest, headers: Mapping[str, str]) -> Iterator[None]:
+        """The server span, a child of the caller's trace when it sent ``traceparent``."""
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": PROVIDER_NAME,
             "gen_ai.request.model": body.model,
+            "gen_ai.response.model": body.model,
             "gen_ai.response.id": self.request_id,
             "kvgate.tenant.id": self.tenant_id,
             "kvgate.stream": body.stream,
@@ -68,6 +72,7 @@ class RequestObserver:
         tracer = self._tel.tracer
         with tracer.start_as_current_span(
             f"chat {body.model}",
+            context=_PROPAGATOR.extract(headers),
             kind=SpanKind.SERVER,
             attributes=attrs,
             start_time=_epoch_ns(self.started),

@@ -39,6 +39,7 @@ from gateway.ratelimit import Decision, Lease, Limits
 from tenants.runtime import TenantRuntime
 
 CLIENT_CLOSED = 499  # status recorded when the client went away mid-request
+UNKNOWN_TENANT = ""  # metrics label of requests refused before the key was known
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -51,21 +52,28 @@ async def list_models(request: web.Request) -> web.Response:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     state = request.app[STATE]
-    if state.draining:
-        raise ApiError(503, "the server is shutting down", type_="service_unavailable")
-    principal = await state.keys.authenticate(request)
-    body = parse_chat_request(await request.read())
-    if body.model != state.model_name:
-        raise ApiError(
-            404,
-            f"the model {body.model!r} does not exist",
-            code="model_not_found",
-            param="model",
-        )
-    check_client_system(body.messages, principal.runtime.allow_client_system)
+    tenant_id = UNKNOWN_TENANT
+    try:
+        if state.draining:
+            raise ApiError(503, "the server is shutting down", type_="service_unavailable")
+        principal = await state.keys.authenticate(request)
+        tenant_id = principal.runtime.tenant_id
+        body = parse_chat_request(await request.read())
+        if body.model != state.model_name:
+            raise ApiError(
+                404,
+                f"the model {body.model!r} does not exist",
+                code="model_not_found",
+                param="model",
+            )
+        check_client_system(body.messages, principal.runtime.allow_client_system)
+    except ApiError as exc:
+        # Refused before a request span exists: counted, and logged by nobody else.
+        request.app[TELEMETRY].metrics.requests.labels(tenant_id, str(exc.status)).inc()
+        raise
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     obs = RequestObserver(request.app[TELEMETRY], rid, principal.runtime.tenant_id, started)
-    with obs.request_span(body):
+    with obs.request_span(body, request.headers):
         status, stats, error = CLIENT_CLOSED, None, None
         try:
             resp, stats = await _serve(request, state, principal.runtime, body, rid, obs)

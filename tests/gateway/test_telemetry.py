@@ -24,7 +24,10 @@ async def test_span_metrics_and_log_of_a_request(
     async with live_gateway(make_settings(gateway_database, tmp_path), demo_model_dir) as gw:
         t = await gw.create_tenant("tele", system_prompt=SYSTEM)
         await gw.wait_pinned(t.id)
-        client = gw.openai(t.key)
+        # The caller's W3C trace context: the server span joins that trace.
+        parent_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+        traceparent = f"00-{parent_trace}-00f067aa0ba902b7-01"
+        client = gw.openai(t.key, default_headers={"traceparent": traceparent})
         with structlog.testing.capture_logs() as logs:
             resp = await client.chat.completions.create(
                 model=gw.state.model_name,
@@ -52,6 +55,8 @@ async def test_span_metrics_and_log_of_a_request(
         assert a["gen_ai.usage.cache_read.input_tokens"] == cached > 0
         assert tuple(a["gen_ai.response.finish_reasons"]) == ("length",)
         assert root.kind == trace.SpanKind.SERVER
+        assert format(root.context.trace_id, "032x") == parent_trace
+        assert root.parent is not None and root.parent.span_id == 0x00F067AA0BA902B7
         children = {
             s.name: s for s in spans if s.parent and s.parent.span_id == root.context.span_id
         }
@@ -82,6 +87,10 @@ async def test_span_metrics_and_log_of_a_request(
         for state in ("total", "free", "pinned"):
             assert f'kvgate_kv_blocks{{state="{state}"}}' in text
         assert "kvgate_ratelimit_rejections" in text
+        async with gw.http.post(f"{gw.base_url}/v1/chat/completions", json={}) as r:
+            assert r.status == 401
+        text = await (await gw.http.get(f"{gw.base_url}/metrics")).text()
+        assert 'kvgate_requests_total{status="401",tenant=""} 1.0' in text
 
 
 def test_registries_and_tracer_providers_are_per_app() -> None:
