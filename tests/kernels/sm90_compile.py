@@ -22,24 +22,27 @@ from triton.runtime.jit import JITFunction
 
 from engine.kernels.triton import decode, prefill
 from engine.kernels.triton._common import LazyKernel, Tiles
+from engine.kernels.triton.norm import _rms_norm_kernel
+from engine.kernels.triton.rope import _rope_kernel
 from engine.kernels.triton.store_kv import _store_kv_kernel
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 INDEX_PTRS = {"bt_ptr", "qsl_ptr", "ctx_ptr", "seq_ptr", "seg_q_ptr", "seg_kv_ptr"}
+I64_PTRS = {"slot_ptr", "pos_ptr"}
 F32_PTRS = {"part_o_ptr", "part_lse_ptr", "lse_ptr"}
-NOT_ALIGNED = {"num_heads", "num_tokens", "stride_bt", "kv_lo", "kv_hi", "split_size"}
+NOT_ALIGNED = {"num_heads", "num_tokens", "stride_bt", "kv_lo", "kv_hi", "split_size", "hidden"}
 
 
 def _arg_type(name: str, dtype: str) -> str:
     if name in INDEX_PTRS:
         return "*i32"
-    if name == "slot_ptr":
+    if name in I64_PTRS:
         return "*i64"
     if name in F32_PTRS:
         return "*fp32"
     if name.endswith("_ptr"):
         return f"*{dtype}"
-    return "fp32" if name == "scale_log2" else "i32"
+    return "fp32" if name in ("scale_log2", "eps") else "i32"
 
 
 def compile_sm90(kernel: LazyKernel, dtype: str, consts: dict, tiles: Tiles) -> dict[str, int]:
@@ -103,6 +106,10 @@ def production_configs() -> dict[str, tuple[LazyKernel, str, dict, Tiles]]:
     out["merge"] = (decode._merge_kernel, "fp16", merge_consts, Tiles(1, 1, 2, 1))
     store_consts = {"BLOCK_SIZE": 16, "HEAD_DIM": 64, "BLOCK_H": 2}
     out["store_kv"] = (_store_kv_kernel, "bf16", store_consts, Tiles(1, 1, 4, 1))
+    norm_consts = {"BLOCK": 1024, "HAS_RESIDUAL": True}  # hidden 896 (Qwen2.5-0.5B)
+    out["rms_norm"] = (_rms_norm_kernel, "bf16", norm_consts, Tiles(1, 1, 4, 1))
+    rope_consts = {"HALF": 64, "BLOCK_HQ": 32, "BLOCK_HK": 4, "BLOCK_SIZE": 16, "STORE": True}
+    out["rope_store_kv"] = (_rope_kernel, "bf16", rope_consts, Tiles(1, 1, 4, 1))
     return out
 
 

@@ -23,7 +23,7 @@ def test_kernels_compile_for_sm90_without_register_spills():
     usage = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(usage) == {
         "extend_d64", "extend_d128", "split_kv_d64_m16", "split_kv_d128_m16_direct",
-        "split_kv_d128_m128", "merge", "store_kv",
+        "split_kv_d128_m128", "merge", "store_kv", "rms_norm", "rope_store_kv",
     }  # fmt: skip
     for name, res in usage.items():
         assert res["STACK"] == 0 and res["LOCAL"] == 0, (name, res)  # no spills

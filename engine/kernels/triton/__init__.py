@@ -1,7 +1,8 @@
 """Triton kernels of the GPU path (also runnable on the CPU under ``TRITON_INTERPRET=1``).
 
 ``store_kv`` and ``paged_attention`` have the signatures of ``engine.kernels`` (the dispatch point
-routes CUDA tensors here); the individual kernels are exported for tests and benchmarks.
+routes CUDA tensors here); the individual kernels are exported for tests and benchmarks, and
+the fused ``rms_norm`` / ``rope`` / ``rope_store_kv`` for a model that wants them.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 from engine.kernels.triton.attention import choose_kernel, paged_attention
 from engine.kernels.triton.cascade import cascade_attention, use_cascade
 from engine.kernels.triton.decode import decode_attention
+from engine.kernels.triton.norm import rms_norm
 from engine.kernels.triton.prefill import extend_attention
+from engine.kernels.triton.rope import rope, rope_store_kv
 from engine.kernels.triton.store_kv import store_kv
 
 __all__ = [
@@ -18,6 +21,9 @@ __all__ = [
     "decode_attention",
     "extend_attention",
     "paged_attention",
+    "rms_norm",
+    "rope",
+    "rope_store_kv",
     "store_kv",
     "use_cascade",
 ]
