@@ -10,6 +10,7 @@ import openai
 import pytest
 import pytest_asyncio
 
+from gateway.context import SETTINGS
 from tests.gateway.harness import (
     LiveGateway,
     TenantHandle,
@@ -211,3 +212,10 @@ async def test_unknown_route_and_method_are_openai_errors(gw: LiveGateway) -> No
         assert_error(resp.status, await resp.json(), 404)
     async with gw.http.get(f"{gw.base_url}/v1/chat/completions") as resp:
         assert_error(resp.status, await resp.json(), 405)
+
+
+async def test_oversized_body_is_413(gw: LiveGateway, tenant: TenantHandle) -> None:
+    limit = gw.app[SETTINGS].server.max_body_bytes
+    body = ok_body(gw, messages=[{"role": "user", "content": "x" * (limit + 1)}])
+    status, data = await post(gw, tenant.key, body)
+    assert_error(status, data, 413)
