@@ -5,8 +5,11 @@ store_kv(key, value, k_cache, v_cache, slot_mapping)       # key/value [T, Hkv, 
 paged_attention(q, k_cache, v_cache, meta, scale) -> out   # q/out [T, Hq, D]
 ```
 The Triton kernels are imported only when a CUDA tensor arrives (no import-time side effects, and
-CPU-only installs never touch Triton). Until ``engine/kernels/triton`` provides them, CUDA tensors
-use the reference ops too (they are device-agnostic torch code).
+CPU-only installs never touch Triton). CUDA tensors go to ``engine.kernels.triton``: its
+``store_kv``, and its ``paged_attention``, which picks per batch cascade attention (requests share
+``meta.num_shared_blocks`` leading blocks and ``use_cascade`` says it pays), decode attention
+(``meta.is_decode_only``) or extend attention (everything else). If Triton cannot be imported,
+CUDA tensors use the reference ops (device-agnostic torch code).
 """
 
 from __future__ import annotations

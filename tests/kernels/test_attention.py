@@ -58,3 +58,10 @@ def test_triton_path_matches_the_engine_reference_ops(device):
 def _cpu(meta):
     fields = {f: getattr(meta, f) for f in meta.__dataclass_fields__}
     return type(meta)(**{k: v.cpu() if torch.is_tensor(v) else v for k, v in fields.items()})
+
+
+def test_dispatch_point_routes_cuda_tensors_to_these_kernels():
+    import engine.kernels
+    import engine.kernels.triton as triton_ops
+
+    assert engine.kernels._cuda_ops() == (triton_ops.store_kv, triton_ops.paged_attention)
