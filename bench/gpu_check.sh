@@ -22,11 +22,11 @@ unset TRITON_INTERPRET
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-timeout 200 "$PY" -m pytest tests/kernels -q -p no:cacheprovider -o addopts="" \
+timeout 240 "$PY" -m pytest tests/kernels -q -p no:cacheprovider -o addopts="" \
   --junitxml="$OUT/kernel_tests.xml" 2>&1 | tee "$OUT/kernel_tests.txt"
 tests_rc=${PIPESTATUS[0]}
 
-timeout 260 "$PY" -m bench.kernels --sweep --out "$OUT/kernels.json" 2>&1 | tee "$OUT/bench.txt"
+timeout 220 "$PY" -m bench.kernels --sweep --out "$OUT/kernels.json" 2>&1 | tee "$OUT/bench.txt"
 bench_rc=${PIPESTATUS[0]}
 
 echo "kernel tests rc=$tests_rc, bench rc=$bench_rc; results in $OUT"
