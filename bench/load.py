@@ -36,8 +36,8 @@ def _floats(text: str) -> list[float]:
 def _args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="kvgate bench load", description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--rates", type=_floats, default=[0.25, 0.5, 1.0, 2.0])
-    p.add_argument("--requests", type=int, default=12, help="requests per rate")
+    p.add_argument("--rates", type=_floats, default=[0.5, 1.0, 2.0, 4.0])
+    p.add_argument("--requests", type=int, default=20, help="requests per rate")
     p.add_argument("--tenants", type=int, default=2)
     p.add_argument("--system-len", type=int, default=256)
     p.add_argument("--turn-len", type=int, default=16)
