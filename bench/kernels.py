@@ -99,8 +99,9 @@ def _graph_runner(fn: Callable[[], object], inner: int) -> Callable[[], None]:
     try:
         with torch.cuda.graph(graph):
             plain()
-    except RuntimeError as exc:
-        print(f"CUDA graph capture failed ({exc}); timing plain launches")
+    except Exception as exc:  # any capture failure: fall back to plain launches, say so
+        torch.cuda.synchronize()
+        print(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); timing plain launches")
         return plain
     return graph.replay
 
@@ -200,7 +201,9 @@ def _sdpa_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.T
         return k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
 
 
-def bench_prefill(shape: Shape, w: Workload, args: argparse.Namespace, dev, dtype) -> dict:
+def bench_prefill(
+    shape: Shape, w: Workload, args: argparse.Namespace, dev: torch.device, dtype: torch.dtype
+) -> dict:
     from engine.kernels.triton import extend_attention
 
     b, n = w.prefill_batch, w.prefill_len
@@ -245,7 +248,9 @@ def bench_prefill(shape: Shape, w: Workload, args: argparse.Namespace, dev, dtyp
     }
 
 
-def bench_decode(shape: Shape, w: Workload, args: argparse.Namespace, dev, dtype) -> dict:
+def bench_decode(
+    shape: Shape, w: Workload, args: argparse.Namespace, dev: torch.device, dtype: torch.dtype
+) -> dict:
     from engine.kernels.triton import decode_attention
 
     b, c = w.decode_batch, w.decode_context
@@ -280,7 +285,9 @@ def bench_decode(shape: Shape, w: Workload, args: argparse.Namespace, dev, dtype
     }
 
 
-def bench_cascade(shape: Shape, w: Workload, args: argparse.Namespace, dev, dtype) -> dict:
+def bench_cascade(
+    shape: Shape, w: Workload, args: argparse.Namespace, dev: torch.device, dtype: torch.dtype
+) -> dict:
     from engine.kernels.triton import cascade_attention, decode_attention, use_cascade
 
     r, pre, suf = w.cascade_requests, w.cascade_prefix, w.cascade_suffix
