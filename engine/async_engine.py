@@ -26,7 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.engine import EngineCore, PinJob
-from engine.errors import DuplicateRequestId, EngineClosed, EngineDead, EngineOverloaded
+from engine.errors import (
+    DuplicateRequestId,
+    EngineClosed,
+    EngineDead,
+    EngineOverloaded,
+    RequestAborted,
+)
 from engine.kv import CacheListener, CacheStats, PinHandle, PriorityRange
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
@@ -135,7 +141,7 @@ class AsyncEngine:
             await self._stopped  # no executor thread just to wait for ours
             thread.join()
         for q in self._streams.values():
-            q.put_nowait(EngineClosed("the engine was shut down"))
+            q.put_nowait(RequestAborted("the engine shut down before the request finished"))
 
     async def __aenter__(self) -> AsyncEngine:
         await self.start()

@@ -33,7 +33,7 @@ class PinRejected(EngineError):
 
 
 class RequestAborted(EngineError):
-    """The request was aborted before it finished (engine shutdown or explicit abort)."""
+    """The engine shut down while the request was in flight (its stream ends with this)."""
 
 
 class EngineDead(EngineError):

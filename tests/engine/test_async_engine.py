@@ -8,7 +8,13 @@ import threading
 import pytest
 
 from engine import AsyncEngine, Engine
-from engine.errors import EngineClosed, EngineOverloaded, PinRejected, PromptTooLong
+from engine.errors import (
+    EngineClosed,
+    EngineOverloaded,
+    PinRejected,
+    PromptTooLong,
+    RequestAborted,
+)
 from engine.kv import PriorityRange
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
@@ -145,7 +151,7 @@ async def test_shutdown_ends_streams_and_refuses_new_work() -> None:
     gen = aeng.generate(PROMPT, greedy(10_000 // 20), request_id="x")
     await gen.__anext__()
     stop = asyncio.create_task(aeng.shutdown())
-    with pytest.raises(EngineClosed):
+    with pytest.raises(RequestAborted):
         async for _ in gen:
             pass
     await stop
