@@ -47,7 +47,7 @@ def sweep_prefill(head_dim: int, run: Callable[[], list[float]]) -> list[dict]:
     """``run`` times one extend_attention call shape; returns one row per tile candidate."""
     rows = []
     for tiles in PREFILL_CANDIDATES.get(head_dim, []):
-        with _tiles(prefill_mod, lambda _d, t=tiles: t):
+        with _tiles(prefill_mod, lambda _d, _q, t=tiles: t):
             rows.append({"tiles": tiles._asdict(), **_try(run)})
     return rows
 

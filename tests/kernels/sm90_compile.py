@@ -89,10 +89,12 @@ def _attention_consts(tiles: Tiles, head_dim: int, dtype: str) -> dict:
 def production_configs() -> dict[str, tuple[LazyKernel, str, dict, Tiles]]:
     """The GPU launch shapes of every kernel (both head dims, decode and cascade tiles)."""
     out = {}
-    for head_dim, dtype, lse in ((64, "fp16", True), (128, "bf16", False)):
-        tiles = prefill.gpu_tiles(head_dim)
+    extend = ((64, 2048, "fp16", True), (128, 2048, "bf16", False), (128, 64, "fp16", True),
+              (128, 1, "bf16", False))  # fmt: skip
+    for head_dim, query_len, dtype, lse in extend:
+        tiles = prefill.gpu_tiles(head_dim, query_len)
         consts = {**_attention_consts(tiles, head_dim, dtype), "WRITE_LSE": lse}
-        out[f"extend_d{head_dim}"] = (prefill._extend_kernel, dtype, consts, tiles)
+        out[f"extend_d{head_dim}_m{tiles.block_m}"] = (prefill._extend_kernel, dtype, consts, tiles)
     # decode with partials, decode writing the output directly, cascade's shared pass
     for head_dim, rows, direct in ((64, 2, False), (128, 7, True), (128, 32 * 7, False)):
         tiles = decode.gpu_tiles(head_dim, rows)

@@ -35,7 +35,7 @@ def test_tile_sweep_patches_and_restores_the_tile_choice():
 
     original_prefill, original_decode = prefill.gpu_tiles, decode.gpu_tiles
     seen = []
-    rows = sweep_prefill(64, lambda: seen.append(prefill.gpu_tiles(64)) or [3.0, 1.0, 2.0])
+    rows = sweep_prefill(64, lambda: seen.append(prefill.gpu_tiles(64, 2048)) or [3.0, 1.0, 2.0])
     assert seen == PREFILL_CANDIDATES[64]
     assert [r["us"] for r in rows] == [2.0] * len(seen)
     assert prefill.gpu_tiles is original_prefill

@@ -126,14 +126,21 @@ def _extend_kernel(
         tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-def gpu_tiles(head_dim: int) -> Tiles:
-    """Tiles of the extend kernel on a GPU: 128 query rows x 64 keys, 8 warps (two warpgroups
-    of 64 rows), 3 stages; head dims 64 and 128 compile without register spills on sm_90."""
+def gpu_tiles(head_dim: int, max_query_len: int) -> Tiles:
+    """Tiles of the extend kernel on a GPU. Long chunks: 128 query rows x 64 keys, 8 warps (two
+    warpgroups of 64 rows), 3 stages. Short chunks (decode rows and short turns in a mixed batch)
+    get 64- or 16-row tiles, so a tile is not mostly padding re-reading the whole prefix. All
+    compile without register spills on sm_90 for head dims 64 and 128 in fp16/bf16 (fp32 is a
+    correctness path on GPUs: exact products, not tuned)."""
+    if max_query_len <= 16:
+        return Tiles(16, 64, 4, 3)
+    if max_query_len <= 64:
+        return Tiles(64, 64 if head_dim <= 64 else 32, 4, 3)
     return Tiles(128, 64, 8, 3)
 
 
-def tile_config(head_dim: int) -> Tiles:
-    return INTERPRETER_TILES if interpreting() else gpu_tiles(head_dim)
+def tile_config(head_dim: int, max_query_len: int) -> Tiles:
+    return INTERPRETER_TILES if interpreting() else gpu_tiles(head_dim, max_query_len)
 
 
 def extend_partials(
@@ -150,7 +157,7 @@ def extend_partials(
     """Launch the extend kernel (no checks; callers validate). ``kv_lo`` must be <= every
     ``context_lens[b]``. ``lse`` given: ``out`` is fp32 [T, Hq, D] and gets normalized partials."""
     _, num_heads, head_dim = q.shape
-    block_m, block_n, num_warps, num_stages = tile_config(head_dim)
+    block_m, block_n, num_warps, num_stages = tile_config(head_dim, meta.max_query_len)
     precision, upcast = dot_options(q.dtype)
     grid = (triton.cdiv(meta.max_query_len, block_m), meta.num_seqs, num_heads)
     _extend_kernel[grid](
