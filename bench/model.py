@@ -44,9 +44,10 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--decode-batches", type=_ints, default=[1, 8, 32])
     p.add_argument("--context", type=int, default=128, help="prompt tokens before decoding")
     p.add_argument("--steps", type=int, default=16, help="decode steps timed")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    # One thread by default: repeatable on a shared machine (both systems get the same).
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--model-dir", type=Path, default=None, help="reuse an existing model dir")
     p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args(list(argv))

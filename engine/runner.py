@@ -62,7 +62,6 @@ class ModelRunner:
         tokenizer = Tokenizer.from_pretrained(model_dir)
         weights = load_weights(model_dir, model_config, dtype, str(device))
         decoder = Decoder(model_config, weights, dtype, str(device))
-        decoder.pack_weights()
         per_block = block_bytes(model_config, config.block_size, dtype)
         num_blocks = kv_budget_bytes(config, device) // per_block
         if num_blocks < 1:

@@ -72,22 +72,23 @@ def _decode_batched(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """One query per request: gather all block tables at once and mask the padding."""
+    """One query per request: gather all block tables at once and mask the padding.
+
+    GQA without copying K/V per query head: the ``g`` query heads that share a KV head become
+    ``g`` query rows of that head (no causal mask is needed for a single new token)."""
     bs = meta.block_size
     nb = (meta.max_seq_len + bs - 1) // bs
     tables = meta.block_tables[:, :nb].long()  # [B, nb]
-    b = tables.shape[0]
-    groups = q.shape[1] // k_cache.shape[2]
+    b, hq, d = q.shape
+    hkv = k_cache.shape[2]
     k = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, nb*bs, D]
     v = v_cache[tables].flatten(1, 2).transpose(1, 2)
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     keys = torch.arange(nb * bs, device=q.device)
     mask = (keys.unsqueeze(0) < meta.seq_lens.unsqueeze(1)).view(b, 1, 1, nb * bs)
     out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), k, v, attn_mask=mask, scale=scale
-    )  # [B, Hq, 1, D]
-    return out.squeeze(2)
+        q.view(b, hkv, hq // hkv, d), k, v, attn_mask=mask, scale=scale
+    )  # [B, Hkv, g, D]
+    return out.reshape(b, hq, d)
 
 
 def paged_attention(

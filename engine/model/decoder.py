@@ -68,13 +68,6 @@ class Decoder:
         self.cos = emb.cos().to(dtype=dtype, device=device)
         self.sin = emb.sin().to(dtype=dtype, device=device)
 
-    def pack_weights(self) -> bool:
-        """Pack every matmul weight for MKL (CPU float32); returns whether packing is in use."""
-        linears = [self.lm_head]
-        for layer in self.layers:
-            linears += [layer.qkv, layer.o_proj, layer.gate_up, layer.down]
-        return all([lin.pack() for lin in linears])
-
     @torch.inference_mode()
     def forward(
         self,

@@ -1,9 +1,11 @@
-"""``y = x @ W.T + b`` with MKL-packed weights on the CPU.
+"""``y = x @ W.T + b``, laid out for the device it runs on.
 
-Decode matmuls have few rows (one per request) against large weights; MKL's packed-B GEMM is
-markedly faster there than the plain call. The packed layout depends only on W's shape (the
-row-count hint does not change it), so one packed copy serves every row count. Packing is
-verified against ``F.linear`` once and silently skipped where MKL is unavailable.
+CPU, float32: the weight is reordered once into oneDNN's blocked layout (the prepacked linear
+that torch's CPU compiler uses). For the few-row matmuls of decoding (one row per request) the
+plain ``F.linear`` goes through MKL's transposed-B path, which is slow there: the LM head at 8 rows
+runs about 2x faster prepacked on x86; for many rows (prefill) the two are on par. Where oneDNN
+is unavailable, or its result disagrees with ``torch.mm`` on a probe, a contiguous ``[in, out]``
+copy and ``torch.mm`` are used. Other devices/dtypes keep the HF layout and ``F.linear``.
 """
 
 from __future__ import annotations
@@ -11,38 +13,46 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
-def _mkl_ops_available() -> bool:
-    return bool(torch.backends.mkl.is_available()) and hasattr(torch.ops.mkl, "_mkl_linear")
+PACK_ROWS_HINT = 8  # the row count oneDNN tunes its blocked layout for (a typical decode batch)
 
 
-# Above this many rows the plain GEMM is as fast or faster (prefill), measured on x86 MKL.
-PACKED_MAX_ROWS = 64
+def _onednn_pack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    ops = torch.ops.mkldnn
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_linear_pointwise")):
+        return None
+    try:
+        packed = ops._reorder_linear_weight(weight, PACK_ROWS_HINT)
+        probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0))
+        got = ops._linear_pointwise(probe, packed, bias, "none", [], "")
+    except RuntimeError:
+        return None
+    want = F.linear(probe, weight, bias)
+    return packed if torch.allclose(got, want, rtol=1e-4, atol=1e-5) else None
 
 
 class Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        self.weight = weight  # [out, in]
+        self.out_features, self.in_features = weight.shape
         self.bias = bias
-        self.packed: torch.Tensor | None = None
-
-    def pack(self) -> bool:
-        """Pack the weight for MKL (CPU float32 only); returns whether packing is in use."""
-        w = self.weight
-        if self.packed is not None:
-            return True
-        if w.device.type != "cpu" or w.dtype != torch.float32 or not _mkl_ops_available():
-            return False
-        packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 1)
-        probe = torch.randn(3, w.shape[1], generator=torch.Generator().manual_seed(0))
-        got = torch.ops.mkl._mkl_linear(probe, packed, w, self.bias, 3)
-        want = F.linear(probe, w, self.bias)
-        if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
-            return False
-        self.packed = packed
-        return True
+        self.mode = "linear"
+        self.weight = weight  # [out, in] for F.linear
+        if weight.device.type == "cpu" and weight.dtype == torch.float32:
+            packed = _onednn_pack(weight, bias)
+            if packed is not None:
+                self.mode, self.weight = "onednn", packed
+            else:
+                self.mode, self.weight = "mm", weight.t().contiguous()  # [in, out]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and x.dim() == 2 and 0 < x.shape[0] <= PACKED_MAX_ROWS:
-            return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, self.bias, x.shape[0])
-        return F.linear(x, self.weight, self.bias)
+        if self.mode == "linear":
+            return F.linear(x, self.weight, self.bias)
+        x2 = x.reshape(-1, self.in_features)
+        if x2.shape[0] == 0:
+            y = x2.new_empty((0, self.out_features))
+        elif self.mode == "onednn":
+            y = torch.ops.mkldnn._linear_pointwise(x2, self.weight, self.bias, "none", [], "")
+        elif self.bias is None:
+            y = torch.mm(x2, self.weight)
+        else:
+            y = torch.addmm(self.bias, x2, self.weight)
+        return y.view(*x.shape[:-1], self.out_features)
