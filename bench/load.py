@@ -118,6 +118,29 @@ async def measure(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     return raw
 
 
+def _plot(args: argparse.Namespace, raw: dict[str, list[dict[str, Any]]]) -> None:
+    from bench.plots import lines
+
+    lines(
+        args.out.with_suffix(".png"),
+        f"load sweep ({args.tenants} tenants, {args.system_len}-token system prompts)",
+        args.rates,
+        {f"TTFT p50 reuse {m}": [r["ttft_p50"] for r in raw[f"reuse_{m}"]] for m in ("on", "off")}
+        | {
+            f"TTFT p90 reuse {m}": [r["ttft_p90"] for r in raw[f"reuse_{m}"]] for m in ("on", "off")
+        },
+        "offered load (requests/s)",
+        "TTFT (s)",
+        right=(
+            "throughput (output tok/s)",
+            {
+                f"tok/s reuse {m}": [r["throughput_tok_s"] for r in raw[f"reuse_{m}"]]
+                for m in ("on", "off")
+            },
+        ),
+    )
+
+
 def main(argv: Sequence[str]) -> int:
     args = _args(argv)
     torch.set_num_threads(args.threads)
@@ -141,25 +164,6 @@ def main(argv: Sequence[str]) -> int:
         ["rate", "reuse", "TTFT p50", "TTFT p90", "lat p50", "lat p90", "tok/s", "req/s"], rows
     )
     write_json(args.out, {"benchmark": "load", "config": config, "raw": raw})
-    from bench.plots import lines
-
-    lines(
-        args.out.with_suffix(".png"),
-        f"load sweep ({args.tenants} tenants, {args.system_len}-token system prompts)",
-        args.rates,
-        {f"TTFT p50 reuse {m}": [r["ttft_p50"] for r in raw[f"reuse_{m}"]] for m in ("on", "off")}
-        | {
-            f"TTFT p90 reuse {m}": [r["ttft_p90"] for r in raw[f"reuse_{m}"]] for m in ("on", "off")
-        },
-        "offered load (requests/s)",
-        "TTFT (s)",
-        right=(
-            "throughput (output tok/s)",
-            {
-                f"tok/s reuse {m}": [r["throughput_tok_s"] for r in raw[f"reuse_{m}"]]
-                for m in ("on", "off")
-            },
-        ),
-    )
+    _plot(args, raw)
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0

@@ -76,8 +76,10 @@ def lines(
     if right is not None:
         label, rseries = right
         ax2 = ax.twinx()
-        for name, ys in rseries.items():
-            ax2.plot(xs, ys, marker="s", linestyle="--", label=name, color="gray")
+        styles = ("--", ":", "-.")
+        for i, (name, ys) in enumerate(rseries.items()):
+            style = styles[i % len(styles)]
+            ax2.plot(xs, ys, marker="s", linestyle=style, label=name, color=f"{0.2 + 0.3 * i:.1f}")
         ax2.set_ylabel(label)
         h2, l2 = ax2.get_legend_handles_labels()
         handles, labels = handles + h2, labels + l2

@@ -3,7 +3,7 @@
 Workload (the public TensorRT-LLM comparison): prompts of ``--prompt-len`` tokens, 1 output token,
 batch 1 and 7, the first P tokens common to the batch. Per repeat, side by side on one model:
 
-- ``off``: reuse disabled (cost does not depend on P, measured once per batch size and repeat);
+- ``off``: reuse disabled, measured back to back with every reuse measurement (its own twin);
 - ``cold``: reuse on, empty cache: the batch arrives together, one request computes the common
   blocks and the others read them in the same step (early reuse);
 - ``warm``: reuse on, the common prefix computed by an earlier request (not timed).
@@ -56,7 +56,7 @@ def _ints(text: str) -> list[int]:
 def _args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="kvgate bench reuse", description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--prompt-len", type=int, default=384)
     p.add_argument("--batches", type=_ints, default=[1, 7])
     p.add_argument("--prefixes", type=_ints, default=[0, 128, 256, 383])
@@ -109,38 +109,43 @@ def _configs(args: argparse.Namespace) -> list[tuple[int, int, str]]:
     return out
 
 
+def _pair(run: _Run, args: argparse.Namespace, rng: random.Random, cfg: tuple, rep: int) -> dict:
+    """One reuse measurement and its own reuse-off twin, back to back (order alternating by
+    repeat so that drift of the shared machine does not favour either side)."""
+    b, p, mode = cfg
+    length, layers = args.prompt_len, args.layers
+    prompts = _prompts(rng, b, length, p)
+    warm = prompts[0][:p] if mode == "warm" else None
+    off_prompts = _prompts(rng, b, length, 0)
+    if rep % 2:
+        dt, wall, cached, tokens = run.timed(run.on, prompts, warm)
+        t_off, w_off, _, _ = run.timed(run.off, off_prompts, None)
+    else:
+        t_off, w_off, _, _ = run.timed(run.off, off_prompts, None)
+        dt, wall, cached, tokens = run.timed(run.on, prompts, warm)
+    fixed, _, _, _ = run.timed(run.on, _prompts(rng, 1, 1, 0), None)
+    lm_rows = (b - 1) * 2 * QWEN25_05B.hidden * QWEN25_05B.vocab  # logits beyond the first row
+    rate = (b * prefill_flops(0, length, layers, sampled=0) + lm_rows) / max(t_off - fixed, 1e-9)
+    bare = sum(prefill_flops(c, length, layers, sampled=0) for c in cached) + lm_rows
+    flops_on = sum(prefill_flops(c, length, layers) for c in cached)
+    return {
+        "time": dt, "off": t_off, "ratio": dt / t_off,
+        "ideal": flops_on / (b * prefill_flops(0, length, layers)),
+        "ideal_fixed": (fixed + bare / rate) / t_off, "fixed": fixed,
+        "wall": wall, "wall_off": w_off, "wall_ratio": wall / w_off,
+        "cached": cached, "model_tokens": tokens,
+    }  # fmt: skip
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     run = _Run(args)
-    length, layers = args.prompt_len, args.layers
     rng = random.Random(0)
-    run.timed(run.on, _prompts(rng, 2, length, 0), None)  # warm-up both engines
-    run.timed(run.off, _prompts(rng, 2, length, 0), None)
+    run.timed(run.on, _prompts(rng, 2, args.prompt_len, 0), None)  # warm-up both engines
+    run.timed(run.off, _prompts(rng, 2, args.prompt_len, 0), None)
     raw: dict[str, list[dict[str, Any]]] = {}
     for rep in range(args.repeats):
-        fixed, _, _, _ = run.timed(run.on, _prompts(rng, 1, 1, 0), None)
-        raw.setdefault("fixed", []).append({"time": fixed})
-        for b in args.batches:
-            t_off, w_off, _, _ = run.timed(run.off, _prompts(rng, b, length, 0), None)
-            raw.setdefault(f"{b}/off", []).append({"time": t_off, "wall": w_off})
-            lm_rows = (b - 1) * 2 * QWEN25_05B.hidden * QWEN25_05B.vocab  # logits beyond the 1st
-            flops_off = b * prefill_flops(0, length, layers, sampled=0) + lm_rows
-            rate = flops_off / max(t_off - fixed, 1e-9)
-            for bb, p, mode in _configs(args):
-                if bb != b:
-                    continue
-                prompts = _prompts(rng, b, length, p)
-                warm = prompts[0][:p] if mode == "warm" else None
-                dt, wall, cached, tokens = run.timed(run.on, prompts, warm)
-                flops_on = sum(prefill_flops(c, length, layers) for c in cached)
-                ideal = flops_on / (b * prefill_flops(0, length, layers))
-                bare = sum(prefill_flops(c, length, layers, sampled=0) for c in cached) + lm_rows
-                ideal_fixed = (fixed + bare / rate) / t_off
-                raw.setdefault(f"{b}/{p}/{mode}", []).append(
-                    {"time": dt, "off": t_off, "ratio": dt / t_off, "ideal": ideal,
-                     "ideal_fixed": ideal_fixed, "fixed": fixed,
-                     "wall": wall, "wall_off": w_off, "wall_ratio": wall / w_off,
-                     "cached": cached, "model_tokens": tokens}
-                )  # fmt: skip
+        for cfg in _configs(args):
+            raw.setdefault("{}/{}/{}".format(*cfg), []).append(_pair(run, args, rng, cfg, rep))
         print(f"repeat {rep + 1}/{args.repeats} done", flush=True)
     return raw
 
