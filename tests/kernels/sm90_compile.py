@@ -29,8 +29,11 @@ from engine.kernels.triton.store_kv import _store_kv_kernel
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 INDEX_PTRS = {"bt_ptr", "qsl_ptr", "ctx_ptr", "seq_ptr", "seg_q_ptr", "seg_kv_ptr"}
 I64_PTRS = {"slot_ptr", "pos_ptr"}
-F32_PTRS = {"part_o_ptr", "part_lse_ptr", "lse_ptr"}
-NOT_ALIGNED = {"num_heads", "num_tokens", "stride_bt", "kv_lo", "kv_hi", "split_size", "hidden"}
+F32_PTRS = {"part_o_ptr", "part_lse_ptr", "lse_ptr", "shared_o_ptr", "shared_lse_ptr"}
+NOT_ALIGNED = {
+    "num_heads", "num_tokens", "stride_bt", "kv_lo", "kv_hi", "split_size", "hidden",
+    "num_shared_parts",
+}  # fmt: skip
 
 
 def _arg_type(name: str, dtype: str) -> str:
@@ -95,14 +98,20 @@ def production_configs() -> dict[str, tuple[LazyKernel, str, dict, Tiles]]:
         tiles = prefill.gpu_tiles(head_dim, query_len)
         consts = {**_attention_consts(tiles, head_dim, dtype), "WRITE_LSE": lse}
         out[f"extend_d{head_dim}_m{tiles.block_m}"] = (prefill._extend_kernel, dtype, consts, tiles)
-    # decode with partials, decode writing the output directly, cascade's shared pass
-    for head_dim, rows, direct in ((64, 2, False), (128, 7, True), (128, 32 * 7, False)):
+    # decode with partials, decode writing the output directly, cascade's shared pass, and
+    # cascade's single-split suffix pass merging the shared partials
+    split_kv = (
+        ("split_kv_d64_m16", 64, 2, False, False),
+        ("split_kv_d128_m16_direct", 128, 7, True, False),
+        ("split_kv_d128_m128", 128, 32 * 7, False, False),
+        ("split_kv_d128_m16_merge", 128, 7, True, True),
+    )
+    for name, head_dim, rows, direct, merge in split_kv:
         tiles = decode.gpu_tiles(head_dim, rows)
         consts = {
             **_attention_consts(tiles, head_dim, "bf16"), "SINGLE_SEGMENT": rows > 16,
-            "DIRECT": direct,
+            "DIRECT": direct, "MERGE_SHARED": merge,
         }  # fmt: skip
-        name = f"split_kv_d{head_dim}_m{tiles.block_m}" + ("_direct" if direct else "")
         out[name] = (decode._split_kv_kernel, "bf16", consts, tiles)
     merge_consts = {"HEAD_DIM": 128, "BLOCK_P": 32}
     out["merge"] = (decode._merge_kernel, "fp16", merge_consts, Tiles(1, 1, 2, 1))

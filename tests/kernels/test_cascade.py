@@ -9,6 +9,7 @@ from tests.kernels.helpers import assert_close, make_batch, ref_attention
 # (context_lens, new_lens, block_size, shared_blocks, heads, kv_heads, splits)
 CASES = [
     ((16, 20, 35), (1, 1, 1), 16, 1, 4, 2, None),  # decode; one request exactly at the boundary
+    ((16, 60), (1, 1), 16, 1, 2, 1, 2),  # decode; own keys in 2 splits: separate merge launch
     ((8, 8, 13, 9), (1, 1, 1, 1), 2, 4, 7, 1, 3),  # decode, shared prefix = whole context of two
     ((32, 40), (5, 1), 16, 2, 2, 2, 2),  # mixed: extend suffix
     ((4, 6), (9, 2), 1, 4, 14, 2, None),

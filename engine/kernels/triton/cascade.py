@@ -9,7 +9,8 @@ pinned system prompt), attention splits at S = num_shared_blocks * block_size::
             per request
     pass 2  each request's rows vs its own keys [S, seq_len): split-KV decode (decode-only batch)
             or the extend kernel (mixed batch), both started at kv_lo = S
-    merge   log-sum-exp weighted sum of the partials of both passes
+    merge   log-sum-exp weighted sum of the partials of both passes; a decode-only batch whose
+            own keys need a single split merges inside pass 2 (two launches, no merge kernel)
 
 Every query sits at a position >= context_len >= S, so no causal mask touches the shared part.
 """
@@ -34,11 +35,12 @@ from engine.kernels.triton.prefill import extend_partials
 CASCADE_MIN_SHARED_TOKENS = 256
 CASCADE_MIN_SAVED_TOKENS = 4096
 CASCADE_MAX_QUERY_PER_SEQ = 64
-# Keys per split of the shared pass, at least: every split writes an fp32 partial for every query
-# row of the batch (T x Hq x D x 4 bytes, then read back by the merge); 32 requests x 7 heads per
-# KV head write as many bytes per split as ~110 shared keys x Hkv read, so shorter splits would
-# move more partial bytes than K/V bytes.
-SHARED_MIN_SPLIT = 256
+# Keys per KV split, at least (both passes): every split writes an fp32 partial for every query
+# row it covers (then read back by the merge); in the shared pass 32 requests x 7 heads per KV
+# head write as many bytes per split as ~110 shared keys x Hkv read, so shorter splits would move
+# more partial bytes than K/V bytes. A suffix that needs one split merges the shared partials
+# itself: two launches in all.
+MIN_SPLIT_KEYS = 256
 
 
 def use_cascade(
@@ -88,7 +90,8 @@ def _suffix_plan(
     group = q.shape[1] // k_cache.shape[2]
     block_n = tile_config(q.shape[2], group)[1]
     work = meta.num_seqs * k_cache.shape[2]
-    return segs, plan_splits(work, suffix_kv, block_n, q.device, num_splits)
+    splits = plan_splits(work, suffix_kv, block_n, q.device, num_splits, MIN_SPLIT_KEYS)
+    return segs, splits
 
 
 def cascade_attention(
@@ -118,14 +121,19 @@ def cascade_attention(
     block_m, block_n = tile_config(q.shape[2], rows)[:2]
     shared = Segments(meta.block_tables, None, None, 0, shared_tokens, max_rows=q.shape[0])
     work = triton.cdiv(rows, block_m) * k_cache.shape[2]
-    shared_splits = plan_splits(
-        work, shared_tokens, block_n, q.device, num_splits, min_split=SHARED_MIN_SPLIT
-    )
+    shared_splits = plan_splits(work, shared_tokens, block_n, q.device, num_splits, MIN_SPLIT_KEYS)
     suffix, suffix_splits = _suffix_plan(q, k_cache, meta, shared_tokens, num_splits)
     first = shared_splits[0]
-    part_o, part_lse = new_partials(first + suffix_splits[0], q)
+    fused = suffix is not None and suffix_splits[0] == 1
+    part_o, part_lse = new_partials(first + (0 if fused else suffix_splits[0]), q)
     kw = {"part_o": part_o, "part_lse": part_lse, "scale": scale}
     split_kv_partials(q, k_cache, v_cache, shared, splits=shared_splits, part_base=0, **kw)
+    if fused:  # one suffix split: it merges the shared partials itself and writes out
+        split_kv_partials(
+            q, k_cache, v_cache, suffix, splits=suffix_splits, part_o=out, part_lse=out,
+            part_base=0, scale=scale, out=out, merge_with=(part_o, part_lse),
+        )  # fmt: skip
+        return out
     if suffix is not None:
         split_kv_partials(q, k_cache, v_cache, suffix, splits=suffix_splits, part_base=first, **kw)
     else:

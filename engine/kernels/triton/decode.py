@@ -55,6 +55,9 @@ def _split_kv_kernel(
     seg_kv_ptr,
     part_o_ptr,
     part_lse_ptr,
+    shared_o_ptr,
+    shared_lse_ptr,
+    num_shared_parts,
     scale_log2,
     kv_lo,
     kv_hi,
@@ -83,6 +86,7 @@ def _split_kv_kernel(
     UPCAST: tl.constexpr,
     SINGLE_SEGMENT: tl.constexpr,
     DIRECT: tl.constexpr,
+    MERGE_SHARED: tl.constexpr,
 ):
     seg = tl.program_id(0)
     tile = tl.program_id(1)
@@ -135,6 +139,22 @@ def _split_kv_kernel(
         l_i = l_i * alpha + tl.reduce(p, 1, SUM)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
+    if MERGE_SHARED:  # fold in cascade's shared-prefix partials (same rows, same units)
+        for part in range(0, num_shared_parts):
+            p_row = (part * num_tokens + tok).to(tl.int64) * num_heads + head
+            lse_p = tl.load(shared_lse_ptr + p_row, mask=row_ok, other=float("-inf"))
+            o_p = tl.load(
+                shared_o_ptr + p_row[:, None] * HEAD_DIM + d[None, :],
+                mask=row_ok[:, None],
+                other=0.0,
+            )
+            m_new = tl.maximum(m_i, lse_p)
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_ref)
+            beta = tl.exp2(lse_p - m_ref)
+            acc = acc * alpha[:, None] + o_p * beta[:, None]
+            l_i = l_i * alpha + beta
+            m_i = m_new
     nonempty = l_i > 0.0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     if DIRECT:  # the only split: part_o_ptr is the output [T, Hq, D] itself
@@ -243,10 +263,12 @@ def split_kv_partials(
     part_base: int,
     scale: float,
     out: torch.Tensor | None = None,
+    merge_with: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Partials ``part_base .. part_base + num_splits - 1`` of every row of every segment;
     ``splits`` = (num_splits, split_size) from ``plan_splits``. With ``out`` (one split only)
-    the normalized result goes straight to out [T, Hq, D] and no partials are written."""
+    the normalized result goes straight to out [T, Hq, D] and no partials are written; with
+    ``merge_with`` = (part_o, part_lse) of earlier partials too, they are merged in first."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -260,15 +282,20 @@ def split_kv_partials(
     seg_kv = segs.block_tables if single else segs.seg_kv
     if out is not None and num_splits != 1:
         raise ValueError("a direct output needs exactly one split")
+    if merge_with is not None and out is None:
+        raise ValueError("merging earlier partials needs a direct output")
     dst = out if out is not None else part_o
+    shared_o, shared_lse = merge_with if merge_with is not None else (part_o, part_lse)
+    num_shared = shared_o.shape[0] if merge_with is not None else 0
     _split_kv_kernel[grid](
-        q, k_cache, v_cache, segs.block_tables, seg_q, seg_kv, dst, part_lse,
-        scale * LOG2E, segs.kv_lo, segs.kv_hi, split_size, num_splits, part_base, num_tokens,
-        num_heads, q.stride(0), q.stride(1), dst.stride(0), dst.stride(1),
+        q, k_cache, v_cache, segs.block_tables, seg_q, seg_kv, dst, part_lse, shared_o,
+        shared_lse, num_shared, scale * LOG2E, segs.kv_lo, segs.kv_hi, split_size, num_splits,
+        part_base, num_tokens, num_heads, q.stride(0), q.stride(1), dst.stride(0), dst.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], segs.block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_SIZE=block_size, PRECISION=precision, UPCAST=upcast, SINGLE_SEGMENT=single,
-        DIRECT=out is not None, num_warps=num_warps, num_stages=num_stages,
+        DIRECT=out is not None, MERGE_SHARED=merge_with is not None, num_warps=num_warps,
+        num_stages=num_stages,
     )  # fmt: skip
 
 
