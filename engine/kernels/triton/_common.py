@@ -11,11 +11,13 @@ Triton's own library functions are ``@jit`` functions too (``tl.max``, ``tl.sum`
 ``triton.language.standard``), decorated once, for the mode active when ``triton`` is first
 imported; an interpreted kernel calling a compiled one fails. So kernels call no ``@jit`` function:
 they use builtins (``tl.full``) and ``tl.reduce`` with the standard combine functions ``MAX`` and
-``SUM``, which the interpreter maps to numpy by identity and the compiler inlines, in either mode.
+``SUM``, which the interpreter maps to numpy by identity (whichever mode they were decorated for)
+and the compiler inlines. Compiling still needs ``triton`` imported without the interpreter.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -170,5 +172,11 @@ def check_metadata(meta: AttentionMetadata, k_cache: torch.Tensor, num_tokens: i
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of ``device`` (a small fixed count under the interpreter)."""
     if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return _cuda_sms(index)
     return 4
+
+
+@functools.cache
+def _cuda_sms(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
