@@ -111,4 +111,5 @@ class Decoder:
         x = x + layer.o_proj(attn.reshape(t, hq * d))
         h = rms_norm(x, layer.post_norm, layer.eps)
         gate, up = layer.gate_up(h).split((layer.inter, layer.inter), dim=-1)
-        return x + layer.down(F.silu(gate) * up)
+        act = F.silu(gate, inplace=True).mul_(up)  # in place: the fused output is a temporary
+        return x.add_(layer.down(act))

@@ -1,11 +1,11 @@
 """``y = x @ W.T + b``, laid out for the device it runs on.
 
-CPU, float32: the weight is reordered once into oneDNN's blocked layout (the prepacked linear
-that torch's CPU compiler uses). For the few-row matmuls of decoding (one row per request) the
-plain ``F.linear`` goes through MKL's transposed-B path, which is slow there: the LM head at 8 rows
-runs about 2x faster prepacked on x86; for many rows (prefill) the two are on par. Where oneDNN
-is unavailable, or its result disagrees with ``torch.mm`` on a probe, a contiguous ``[in, out]``
-copy and ``torch.mm`` are used. Other devices/dtypes keep the HF layout and ``F.linear``.
+CPU, float32: matmuls with few rows (decoding: one row per request) use a copy of the weight
+reordered into oneDNN's blocked layout (the prepacked linear of torch's CPU compiler). There the
+plain ``F.linear`` goes through MKL's transposed-B path, which is slow: the LM head at 8 rows runs
+about 2x faster prepacked on x86. Many rows (prefill) keep ``F.linear``, which is as fast or faster
+there. The packed copy is checked against ``F.linear`` on a probe and skipped where oneDNN is
+unavailable. Other devices and dtypes use ``F.linear`` only.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 PACK_ROWS_HINT = 8  # the row count oneDNN tunes its blocked layout for (a typical decode batch)
+PACKED_MAX_ROWS = 64  # above this, F.linear (MKL) is used
 
 
 def _onednn_pack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -33,26 +34,16 @@ def _onednn_pack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tenso
 class Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.out_features, self.in_features = weight.shape
+        self.weight = weight  # [out, in]
         self.bias = bias
-        self.mode = "linear"
-        self.weight = weight  # [out, in] for F.linear
+        self.packed: torch.Tensor | None = None  # oneDNN layout, CPU float32 only
         if weight.device.type == "cpu" and weight.dtype == torch.float32:
-            packed = _onednn_pack(weight, bias)
-            if packed is not None:
-                self.mode, self.weight = "onednn", packed
-            else:
-                self.mode, self.weight = "mm", weight.t().contiguous()  # [in, out]
+            self.packed = _onednn_pack(weight, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.mode == "linear":
+        rows = x.numel() // self.in_features
+        if self.packed is None or not 0 < rows <= PACKED_MAX_ROWS:
             return F.linear(x, self.weight, self.bias)
-        x2 = x.reshape(-1, self.in_features)
-        if x2.shape[0] == 0:
-            y = x2.new_empty((0, self.out_features))
-        elif self.mode == "onednn":
-            y = torch.ops.mkldnn._linear_pointwise(x2, self.weight, self.bias, "none", [], "")
-        elif self.bias is None:
-            y = torch.mm(x2, self.weight)
-        else:
-            y = torch.addmm(self.bias, x2, self.weight)
+        x2 = x.reshape(rows, self.in_features)
+        y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
         return y.view(*x.shape[:-1], self.out_features)
