@@ -57,12 +57,24 @@ def admin_token_env(env: Mapping[str, str], var_dir: Path) -> tuple[dict[str, st
 
 
 def ensure_demo_model(var_dir: Path) -> Path:
+    """The demo model under ``var_dir``, written once. Written to a private directory and
+    renamed into place, so replicas starting together never load a half-written model."""
+    import shutil
+    import tempfile
+
     from engine.model.demo import write_demo_model
 
     path = var_dir / "demo-model"
-    if not (path / "config.json").is_file():
-        print(f"kvgate serve: writing the demo model to {path}", file=sys.stderr)
-        write_demo_model(path)
+    if path.is_dir():
+        return path
+    print(f"kvgate serve: writing the demo model to {path}", file=sys.stderr)
+    var_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".demo-model-", dir=var_dir))
+    write_demo_model(tmp)
+    try:
+        tmp.rename(path)
+    except OSError:  # another process renamed its copy first: same bytes, keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
