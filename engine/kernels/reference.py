@@ -86,7 +86,7 @@ def _decode_batched(
     keys = torch.arange(nb * bs, device=q.device)
     mask = (keys.unsqueeze(0) < meta.seq_lens.unsqueeze(1)).view(b, 1, 1, nb * bs)
     out = F.scaled_dot_product_attention(
-        q.view(b, hkv, hq // hkv, d), k, v, attn_mask=mask, scale=scale
+        q.reshape(b, hkv, hq // hkv, d), k, v, attn_mask=mask, scale=scale
     )  # [B, Hkv, g, D]
     return out.reshape(b, hq, d)
 

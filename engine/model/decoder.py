@@ -42,7 +42,6 @@ class _Layer:
         self.gate_up = Linear(w.gate_up)
         self.down = Linear(w.down)
         self.eps = cfg.rms_norm_eps
-        self.sizes = (cfg.q_size, cfg.kv_size, cfg.kv_size)
         self.heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         self.inter = cfg.intermediate_size
 
@@ -100,15 +99,16 @@ class Decoder:
         t = x.shape[0]
         hq, hkv, d = layer.heads
         h = rms_norm(x, layer.input_norm, layer.eps)
-        q, k, v = layer.qkv(h).split(layer.sizes, dim=-1)
-        q = q.view(t, hq, d)
-        k = k.view(t, hkv, d)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        qkv = layer.qkv(h)
+        # RoPE on q and k heads together: [T, Hq + Hkv, D] in one pass.
+        qk = qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d)
+        qk = qk * cos + _rotate_half(qk) * sin
+        q, k = qk[:, :hq].contiguous(), qk[:, hq:].contiguous()  # kernels take dense [T, H, D]
+        v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
         # All new K/V of the batch land in the cache before any request's attention reads it.
-        store_kv(k, v.view(t, hkv, d), k_cache, v_cache, meta.slot_mapping)
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         attn = paged_attention(q, k_cache, v_cache, meta, self.scale)
-        x = x + layer.o_proj(attn.reshape(t, hq * d))
+        x.add_(layer.o_proj(attn.reshape(t, hq * d)))  # x is this forward's own buffer
         h = rms_norm(x, layer.post_norm, layer.eps)
         gate, up = layer.gate_up(h).split((layer.inter, layer.inter), dim=-1)
         act = F.silu(gate, inplace=True).mul_(up)  # in place: the fused output is a temporary
