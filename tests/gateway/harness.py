@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,14 @@ from gateway.settings import Settings
 PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 ADMIN_TOKEN = "test-admin-token-0123456789"
 KV_CACHE_BYTES = 8 << 20  # demo model: 8 MiB of KV is a few hundred 16-token blocks
+
+
+async def wait_for(cond: Any, timeout: float = 5.0) -> None:
+    """Poll ``cond`` until true: engine-thread effects (aborts, unpins) land a loop turn later."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
 
 
 async def create_database(template: str | None = None) -> str:

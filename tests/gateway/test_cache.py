@@ -6,7 +6,7 @@ from pathlib import Path
 
 from gateway.chat.prompt import assemble, build_prefix
 from gateway.chat.schemas import ChatMessage
-from tests.gateway.harness import live_gateway, make_settings
+from tests.gateway.harness import live_gateway, make_settings, wait_for
 
 SYSTEM = (
     "You are the support assistant of Example Incorporated. Always answer in two sentences. "
@@ -113,4 +113,4 @@ async def test_stop_strings_end_the_answer(
         assert streamed == cut.message.content
         assert chunks[-1].choices[0].finish_reason == "stop"
         # Nothing is left running once the stop string ended the request.
-        assert gw.state.engine.cache_stats().blocks_in_use == 0
+        await wait_for(lambda: gw.state.engine.cache_stats().blocks_in_use == 0)

@@ -11,14 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.gateway.harness import LiveGateway, live_gateway, make_settings
-
-
-async def wait_for(cond: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
+from tests.gateway.harness import LiveGateway, live_gateway, make_settings, wait_for
 
 
 def stream_body(gw: LiveGateway, max_tokens: int) -> dict[str, Any]:

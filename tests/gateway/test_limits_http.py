@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
 import openai
 import redis.asyncio as aioredis
 
-from tests.gateway.harness import LiveGateway, live_gateway, make_settings
+from tests.gateway.harness import LiveGateway, live_gateway, make_settings, wait_for
 from tests.gateway.redis_server import RedisServer
 
 HEADERS = ("limit", "remaining", "reset")
@@ -92,13 +91,6 @@ async def test_rpm_limit_and_tpm_reconcile_with_redis(
         # remaining after the 2nd admission = limit - used(1st) - reserved(2nd) (+ refill).
         expected = 60_000 - used - reserved
         assert expected <= int(h2["x-ratelimit-remaining-tokens"]) <= expected + 500
-
-
-async def wait_for(cond: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_redis_outage_fails_open_and_recovers(

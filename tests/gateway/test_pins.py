@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import update
 
 from tenants.models import ApiKey
 from tenants.schemas import KeyCreate, TenantCreate
 from tenants.store import TenantStore
-from tests.gateway.harness import (
-    live_gateway,
-    make_settings,
-)
+from tests.gateway.harness import live_gateway, make_settings, wait_for
 
 PROMPT = "{n}: company handbook section; always be accurate, cite the policy, stay polite. " * 4
-
-
-async def wait_for(cond: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_startup_pins_most_recently_used_first_within_the_cap(
