@@ -27,7 +27,8 @@ class StepInputs:
     sampled_seqs: tuple[int, ...]  # batch indices of those requests, same order
 
 
-def _check_seq(seq: ScheduledSeq, block_size: int, num_blocks: int, max_len: int) -> None:
+def _checked_table(seq: ScheduledSeq, block_size: int, num_blocks: int, max_len: int) -> list[int]:
+    """The blocks of ``seq.block_table`` that cover its tokens, after checking the request."""
     need = (seq.end_pos + block_size - 1) // block_size
     if not seq.token_ids:
         raise ValueError(f"request {seq.request_id}: no tokens scheduled")
@@ -38,9 +39,11 @@ def _check_seq(seq: ScheduledSeq, block_size: int, num_blocks: int, max_len: int
             f"request {seq.request_id}: block table has {len(seq.block_table)} blocks, "
             f"{need} needed for {seq.end_pos} tokens"
         )
-    bad = [b for b in seq.block_table[:need] if not 0 <= b < num_blocks]
-    if bad:
+    table = list(seq.block_table[:need])
+    if min(table) < 0 or max(table) >= num_blocks:  # C-level scan; the slow listing on error only
+        bad = [b for b in table if not 0 <= b < num_blocks]
         raise ValueError(f"request {seq.request_id}: block ids {bad} outside 0..{num_blocks - 1}")
+    return table
 
 
 def shared_prefix_blocks(tables: Sequence[Sequence[int]], contexts: Sequence[int], bs: int) -> int:
@@ -53,6 +56,19 @@ def shared_prefix_blocks(tables: Sequence[Sequence[int]], contexts: Sequence[int
     return n
 
 
+def slots_of(table: Sequence[int], start: int, end: int, block_size: int) -> list[int]:
+    """Flat cache slots of positions start..end-1: one contiguous range per block touched."""
+    slots: list[int] = []
+    pos = start
+    while pos < end:
+        block, off = divmod(pos, block_size)
+        n = min(block_size - off, end - pos)
+        base = table[block] * block_size + off
+        slots.extend(range(base, base + n))
+        pos += n
+    return slots
+
+
 def build_step_inputs(
     batch: ScheduledBatch, block_size: int, num_blocks: int, max_len: int, device: torch.device
 ) -> StepInputs:
@@ -63,12 +79,10 @@ def build_step_inputs(
     logits_rows: list[int] = []
     sampled: list[int] = []
     for i, seq in enumerate(batch.seqs):
-        _check_seq(seq, block_size, num_blocks, max_len)
-        table = list(seq.block_table[: (seq.end_pos + block_size - 1) // block_size])
+        table = _checked_table(seq, block_size, num_blocks, max_len)
         ids.extend(seq.token_ids)
-        span = range(seq.start_pos, seq.end_pos)
-        positions.extend(span)
-        slots.extend(table[p // block_size] * block_size + p % block_size for p in span)
+        positions.extend(range(seq.start_pos, seq.end_pos))
+        slots.extend(slots_of(table, seq.start_pos, seq.end_pos, block_size))
         starts.append(len(ids))
         contexts.append(seq.start_pos)
         seq_lens.append(seq.end_pos)

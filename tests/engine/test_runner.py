@@ -9,7 +9,7 @@ import torch
 
 from engine.batch import ScheduledBatch
 from engine.config import EngineConfig
-from engine.model.inputs import build_step_inputs, shared_prefix_blocks
+from engine.model.inputs import build_step_inputs, shared_prefix_blocks, slots_of
 from engine.model.kv_memory import CPU_KV_CAP_BYTES, block_bytes, kv_budget_bytes
 from engine.params import SamplingParams
 from engine.runner import ModelRunner
@@ -106,3 +106,10 @@ def test_step_inputs_layout_and_shared_blocks() -> None:
     assert shared_prefix_blocks([[1, 2, 3], [1, 2, 4]], [12, 12], 4) == 2
     assert shared_prefix_blocks([[1, 2, 3], [1, 2, 3]], [12, 5], 4) == 1
     assert shared_prefix_blocks([[1, 2], [3, 2]], [8, 8], 4) == 0
+
+
+@pytest.mark.parametrize(("start", "end"), [(0, 1), (3, 4), (0, 16), (2, 13), (5, 12), (7, 8)])
+def test_slots_follow_the_block_table_across_block_boundaries(start: int, end: int) -> None:
+    table, bs = [9, 2, 14, 5], 4
+    want = [table[p // bs] * bs + p % bs for p in range(start, end)]
+    assert slots_of(table, start, end, bs) == want
