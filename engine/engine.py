@@ -79,7 +79,6 @@ class EngineCore:
             clock=clock,
         )
         self.num_model_tokens = 0  # tokens that went through the model (all steps)
-        self.num_steps = 0
         self._pin_jobs: dict[str, PinJob] = {}
         self._ids = itertools.count()
 
@@ -142,7 +141,6 @@ class EngineCore:
         if not batch.is_empty:
             sampled = list(self.runner.execute(batch))
             self.num_model_tokens += batch.num_tokens
-            self.num_steps += 1
         return self._route(self.scheduler.update(batch, sampled))
 
     def _route(self, outputs: list[RequestOutput]) -> list[RequestOutput]:

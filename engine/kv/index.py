@@ -29,9 +29,6 @@ class KeyIndex:
         assert parent is not None
         return block_keys(parent, token_ids, block_size, first, last)  # type: ignore[return-value]
 
-    def get(self, key: bytes | None) -> Block | None:
-        return self._map.get(key) if key is not None else None
-
     def match(self, keys: Sequence[bytes | None]) -> list[Block]:
         """Blocks of the longest run of registered keys from the start of ``keys``."""
         get = self._map.get
@@ -71,9 +68,6 @@ class NullIndex:
         self, parent: bytes | None, token_ids: Sequence[int], block_size: int, first: int, last: int
     ) -> list[bytes | None]:
         return [None] * max(0, last - first)
-
-    def get(self, key: bytes | None) -> Block | None:
-        return None
 
     def match(self, keys: Sequence[bytes | None]) -> list[Block]:
         return []

@@ -36,9 +36,6 @@ class BlockPool:
     def num_allocatable(self) -> int:
         return len(self.free) + self.num_idle
 
-    def pop_free(self) -> Block | None:
-        return self.free.popleft() if self.free else None
-
     def push_free(self, block: Block) -> None:
         self.free.append(block)
 

@@ -72,10 +72,6 @@ class PrefixCache:
     def num_blocks(self) -> int:
         return self.pool.num_blocks
 
-    @property
-    def num_allocatable_blocks(self) -> int:
-        return self.pool.num_allocatable
-
     # ---------------------------------------------------------------- lookup / admission
 
     def lookup(self, namespace: str, token_ids: Sequence[int]) -> PrefixMatch:
