@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engine.kv.block import Block, BlockState
+from engine.kv.handoff import inherit, pick_heir
 from engine.kv.index import KeyIndex, NullIndex
 from engine.kv.integrity import check_integrity
 from engine.kv.pins import PinTable, resolve_pin
@@ -302,7 +303,7 @@ class PrefixCache:
             block.ref_count -= 1
             if block.state is PENDING and block.owner == request_id:
                 if block.ref_count > 0:
-                    heir = self._heir(seq, block)
+                    heir = pick_heir(self.requests, seq, block)
                     block.owner = heir.request_id
                     handed[heir.request_id] = pos * self.block_size
                 else:
@@ -320,37 +321,8 @@ class PrefixCache:
             if owner is not None:
                 owner.dependents.pop(request_id, None)
         for heir_id, from_token in handed.items():
-            self._inherit(self.requests[heir_id], seq, from_token)
+            inherit(self.requests, self.requests[heir_id], seq, from_token)
         return [Handoff(heir_id, from_token) for heir_id, from_token in handed.items()]
-
-    def _heir(self, seq: RequestState, block: Block) -> RequestState:
-        """The earliest-admitted other holder of ``block`` (a dependent of its owner)."""
-        best: RequestState | None = None
-        for dep_id in seq.dependents:
-            dep = self.requests.get(dep_id)
-            if (
-                dep is not None
-                and dep.holds(block)
-                and (best is None or dep.admit_order < best.admit_order)
-            ):
-                best = dep
-        assert best is not None, f"{block!r} has holders but none is a dependent of its owner"
-        return best
-
-    def _inherit(self, heir: RequestState, gone: RequestState, from_token: int) -> None:
-        """``heir`` now owns some of ``gone``'s PENDING blocks and recomputes from from_token."""
-        rid = heir.request_id
-        mine = set(heir.owned[heir.owned_pos :])
-        mine.update(pos for pos in range(heir.num_attached) if heir.blocks[pos].owner == rid)
-        heir.owned = sorted(mine)
-        heir.owned_pos = 0
-        heir.num_computed = min(heir.num_computed, from_token)
-        heir.owners.discard(gone.request_id)
-        for dep_id in gone.dependents:
-            dep = self.requests.get(dep_id)
-            if dep is not None and dep is not heir:
-                heir.dependents[dep_id] = None
-                dep.owners.add(rid)
 
     def _drop(self, block: Block) -> None:
         """A PENDING block nobody holds any more: unregister it and return it to the free deque."""
