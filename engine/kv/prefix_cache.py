@@ -68,6 +68,9 @@ class PrefixCache:
         self._query_tokens = 0
         self._hit_tokens = 0
         self._evictions = 0
+        # (request id, namespace, prompt copy, keys) of the last refused admission: the scheduler
+        # retries the head of its queue every step until blocks free up, with the same prompt.
+        self._refused: tuple[str, str, list[int], list[bytes | None]] | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -139,14 +142,16 @@ class PrefixCache:
         if not token_ids:
             raise ValueError(f"request {request_id!r}: empty prompt")
         num_full = len(token_ids) // bs
-        keys = self.index.keys(self.index.root(namespace), token_ids, bs, 0, num_full)
+        keys = self._prompt_keys(request_id, namespace, token_ids)
         matched = self.index.match(keys[: (len(token_ids) - 1) // bs])
         num_new = -(-len(token_ids) // bs) - len(matched)
         # matched idle blocks are about to be held: they cannot also be evicted for this request
         if num_new > self.pool.num_allocatable - len(matched):  # exact count only when tight
             taken_idle = len([b for b in matched if b.ref_count == 0 and b.pin_count == 0])
             if num_new > self.pool.num_allocatable - taken_idle:
+                self._refused = (request_id, namespace, list(token_ids), keys)
                 return None
+        self._refused = None
         self._admitted += 1
         match = self._as_match(matched)
         seq = RequestState(request_id, namespace, self._admitted, match, priorities)
@@ -161,6 +166,21 @@ class PrefixCache:
         self._hit_tokens += match.num_tokens
         seq.allocation = Allocation(tuple(seq.block_ids), match.num_tokens, match)
         return seq.allocation
+
+    def _prompt_keys(
+        self, request_id: str, namespace: str, token_ids: Sequence[int]
+    ) -> list[bytes | None]:
+        """Keys of the prompt's full blocks; a retried refused admission reuses its keys."""
+        refused = self._refused
+        if (
+            refused is not None
+            and refused[0] == request_id
+            and refused[1] == namespace
+            and refused[2] == token_ids  # a copy: equal contents, whatever the caller did since
+        ):
+            return refused[3]
+        num_full = len(token_ids) // self.block_size
+        return self.index.keys(self.index.root(namespace), token_ids, self.block_size, 0, num_full)
 
     def _attach(self, seq: RequestState, matched: list[Block]) -> None:
         """Take a reference on each matched block (hot path: one pass, no calls per block)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from engine.kv import BlockState, Handoff
@@ -266,3 +268,34 @@ def test_decode_hashes_each_block_once(bs: int, monkeypatch: pytest.MonkeyPatch)
         seq.append(900 + step)
         cache.allocate("a", "t", seq)
     assert sum(hashed) == len(seq) // bs  # every full block hashed exactly once
+
+
+def test_refused_admission_is_retried_without_rehashing(
+    bs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.kv.index as index_module
+
+    hashed: list[int] = []
+    real = index_module.block_keys
+
+    def counting(parent: bytes, token_ids: Sequence[int], *rest: int) -> list[bytes]:
+        hashed.append(len(token_ids))
+        return real(parent, token_ids, *rest)
+
+    monkeypatch.setattr(index_module, "block_keys", counting)
+    cache = make_cache(4, bs)
+    cache.allocate("a", "t", toks(3 * bs))
+    prompt = toks(2 * bs + 1, base=1000)
+    hashed.clear()
+    assert cache.allocate("b", "t", prompt) is None
+    assert cache.allocate("b", "t", prompt) is None
+    assert len(hashed) == 1  # the retry reused the keys of the refused attempt
+    # Same id, other tokens (an aborted request's id reused): keys of the new tokens.
+    other = toks(2 * bs + 1, base=5000)
+    assert cache.allocate("b", "t", other) is None
+    assert len(hashed) == 2
+    cache.free("a")
+    alloc = cache.allocate("b", "t", other)
+    cache.commit("b", len(other))
+    assert cache.lookup("t", other).block_ids == alloc.block_table[:2]
+    assert cache.lookup("t", prompt).block_ids == ()
