@@ -195,7 +195,7 @@ class PrefixCache:
                     block.heap_stamp = 0
             block.ref_count += 1
             if ranges:
-                prio = self._priority(seq, pos)
+                prio = seq.block_priority(pos, self.block_size, self.default_priority)
             if prio > block.priority:  # a shared block keeps the max priority seen
                 block.priority = prio
             owner = block.owner
@@ -204,16 +204,6 @@ class PrefixCache:
                 requests[owner].dependents[rid] = None
         seq.blocks.extend(matched)
         seq.block_ids.extend([b.block_id for b in matched])
-
-    def _priority(self, seq: RequestState, pos: int) -> int:
-        """Max priority of the request's ranges overlapping block ``pos`` (default if none)."""
-        start = pos * self.block_size
-        end = start + self.block_size
-        best = -1
-        for rng in seq.priorities:
-            if rng.start < end and (rng.end is None or rng.end > start) and rng.priority > best:
-                best = rng.priority
-        return self.default_priority if best < 0 else best
 
     def _append_blocks(self, seq: RequestState, num_new: int) -> None:
         pop_free = self.pool.free.popleft
@@ -224,7 +214,9 @@ class PrefixCache:
             block = pop_free() if free else self._evict_one()
             assert block is not None, "allocatable count out of sync with the pool"
             block.ref_count = 1
-            block.priority = self._priority(seq, len(blocks)) if seq.priorities else prio
+            block.priority = (
+                seq.block_priority(len(blocks), self.block_size, prio) if seq.priorities else prio
+            )
             blocks.append(block)
             ids.append(block.block_id)
         self._num_in_use += num_new

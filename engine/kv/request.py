@@ -46,3 +46,13 @@ class RequestState:
     def holds(self, block: Block) -> bool:
         pos = block.pos
         return 0 <= pos < len(self.blocks) and self.blocks[pos] is block
+
+    def block_priority(self, pos: int, block_size: int, default: int) -> int:
+        """Max priority of this request's ranges overlapping block ``pos`` (default if none)."""
+        start = pos * block_size
+        end = start + block_size
+        best = -1
+        for rng in self.priorities:
+            if rng.start < end and (rng.end is None or rng.end > start) and rng.priority > best:
+                best = rng.priority
+        return default if best < 0 else best
