@@ -174,9 +174,8 @@ class Scheduler:
         if len(req.block_table) * self.block_size >= req.num_tokens:
             return True
         while True:
-            alloc = self.cache.allocate(
-                req.request_id, req.namespace, req.all_token_ids, self._priorities(req)
-            )
+            # No priorities: the cache keeps those given at admission.
+            alloc = self.cache.allocate(req.request_id, req.namespace, req.all_token_ids)
             if alloc is not None:
                 req.block_table = alloc.block_table
                 return True

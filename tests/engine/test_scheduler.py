@@ -198,6 +198,22 @@ def test_priorities_reach_the_cache() -> None:
     assert calls[0][1].start == 12 and calls[0][1].end is None and calls[0][1].priority < 35
 
 
+def test_blocks_grown_while_decoding_keep_the_admission_priorities() -> None:
+    from engine.scheduler import DECODE_PRIORITY
+
+    sched = make_scheduler(block_size=4)
+    runner = FakeRunner(4)
+    req = make_request("a", list(range(1, 9)), max_tokens=7)
+    req.priorities = (PriorityRange(0, 8, 90),)
+    add(sched, runner, req)
+    while req.num_tokens < 14:
+        step(sched, runner)
+    state = sched.cache.requests["a"]
+    assert len(state.blocks) == 4  # two prompt blocks, two grown while decoding
+    assert [b.priority for b in state.blocks] == [90, 90, DECODE_PRIORITY, DECODE_PRIORITY]
+    run_all(sched, runner)
+
+
 def test_prompt_too_long_is_refused_at_add() -> None:
     sched = make_scheduler(num_blocks=8, block_size=4, max_model_len=64)
     with pytest.raises(PromptTooLong):
