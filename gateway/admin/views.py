@@ -9,6 +9,7 @@ suspended, deleted or all; default: every status but deleted).
 from __future__ import annotations
 
 import inspect
+import json
 from typing import Any
 
 from aiohttp import web
@@ -30,8 +31,23 @@ def _json(model: BaseModel | dict[str, Any], status: int = 200) -> web.Response:
 
 
 async def _body(request: web.Request) -> Any:
-    # Malformed or empty JSON raises JSONDecodeError: 400 from the error middleware.
-    return await request.json()
+    """The JSON body. Malformed or empty JSON raises JSONDecodeError (400 from the error
+    middleware); bytes that are not text in the declared charset, numbers Python refuses to
+    convert and nesting deeper than the decoder's recursion limit are 400s here."""
+    raw = await request.read()
+    charset = request.charset or "utf-8"
+    try:
+        return json.loads(raw.decode(charset))
+    except json.JSONDecodeError:
+        raise
+    except LookupError:
+        raise ApiError(400, f"unsupported charset {charset!r}") from None
+    except UnicodeDecodeError:
+        raise ApiError(400, f"request body is not valid JSON: not {charset} text") from None
+    except ValueError:  # an integer with more digits than int() converts
+        raise ApiError(400, "request body is not valid JSON: a number is too long") from None
+    except RecursionError:
+        raise ApiError(400, "request body is not valid JSON: nested too deeply") from None
 
 
 def _limit(request: web.Request) -> int:
