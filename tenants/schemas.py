@@ -16,6 +16,8 @@ from tenants.errors import InvalidField
 # DNS-label-like slug: 2..63 chars of [a-z0-9-], starting and ending with a letter or digit.
 TENANT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,61}[a-z0-9]$")
 MAX_PROMPT_CHARS = 200_000
+# Limits are INTEGER columns: a larger value would fail in the database, not in validation.
+MAX_LIMIT = 2**31 - 1
 _ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 
 
@@ -32,12 +34,20 @@ def validate_tenant_id(value: str) -> str:
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
 
+    @field_validator("*")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        # PostgreSQL text cannot hold NUL; refuse it here on every backend alike.
+        if isinstance(value, str) and "\x00" in value:
+            raise ValueError("must not contain NUL characters")
+        return value
+
 
 class LimitsIn(_In):
-    rpm: int | None = Field(default=None, ge=1)
-    tpm: int | None = Field(default=None, ge=1)
-    max_concurrency: int | None = Field(default=None, ge=1)
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    rpm: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
+    tpm: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
+    max_concurrency: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
 
 
 class TenantCreate(_In):
