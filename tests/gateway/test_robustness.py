@@ -1,0 +1,292 @@
+"""Property: nothing a client can send makes the gateway answer 5xx.
+
+Arbitrary JSON values, wrong types in every field, junk nesting, huge numbers, NUL bytes and lone
+surrogates, non-UTF-8 bytes and wrong content types are posted to the chat endpoint (valid tenant
+key) and to every admin mutation route. Every answer is below 500 and every error body is
+OpenAI-shaped. Examples are bounded and derandomized so the run is fast and reproducible.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.gateway.harness import (
+    ADMIN_TOKEN,
+    LiveGateway,
+    TenantHandle,
+    create_database,
+    drop_database,
+    live_gateway,
+    make_settings,
+    pg_url,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+FUZZ = settings(
+    max_examples=80,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+# -- strategies ---------------------------------------------------------------------------------
+nasty_text = st.one_of(
+    st.text(max_size=24),
+    st.sampled_from(
+        ["", " ", "NaN", "Infinity", "-inf", "1e999", "\x00", "a\x00b", "\ud800", "\udfff x"]
+    ),
+)
+nasty_numbers = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([0, -1, 2**31, 2**63, -(2**63) - 1, 10**30]),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+scalars = st.one_of(st.none(), st.booleans(), nasty_numbers, nasty_text)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(nasty_text, inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def fields(valid: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    """Objects of the known fields, each well-typed or junk (any JSON value); some with extras.
+
+    Well-typed values are drawn more often than junk, so bodies that pass validation (and reach
+    the store or the engine with edge values) are common, not rare."""
+    choice = {name: st.one_of(strat, strat, json_values) for name, strat in valid.items()}
+    extras = st.one_of(
+        st.just({}), st.just({}), st.dictionaries(nasty_text, json_values, max_size=2)
+    )
+    return st.tuples(st.fixed_dictionaries({}, optional=choice), extras).map(
+        lambda pair: {**pair[1], **pair[0]}
+    )
+
+
+message = fields(
+    {
+        "role": st.sampled_from(["system", "developer", "user", "assistant", "tool"]),
+        "content": st.one_of(
+            nasty_text,
+            st.lists(fields({"type": st.just("text"), "text": nasty_text}), max_size=3),
+        ),
+        "name": nasty_text,
+    }
+)
+
+
+def chat_body(model: str) -> st.SearchStrategy[dict[str, Any]]:
+    return fields(
+        {
+            "model": st.one_of(st.just(model), nasty_text),
+            "messages": st.lists(message, max_size=3),
+            "max_tokens": nasty_numbers,
+            "max_completion_tokens": nasty_numbers,
+            "temperature": nasty_numbers,
+            "top_p": nasty_numbers,
+            "stop": st.one_of(nasty_text, st.lists(nasty_text, max_size=5)),
+            "seed": nasty_numbers,
+            "stream": st.booleans(),
+            "stream_options": fields({"include_usage": st.booleans()}),
+            "n": nasty_numbers,
+            "user": nasty_text,
+        }
+    )
+
+
+limits = fields(
+    {
+        "rpm": nasty_numbers,
+        "tpm": nasty_numbers,
+        "max_concurrency": nasty_numbers,
+        "max_output_tokens": nasty_numbers,
+    }
+)
+tenant_ids = st.one_of(st.from_regex(r"\Afz-[a-z0-9]{1,8}\Z"), nasty_text)
+tenant_create = fields(
+    {
+        "id": tenant_ids,
+        "name": nasty_text,
+        "system_prompt": nasty_text,
+        "limits": limits,
+        "allow_client_system": st.booleans(),
+    }
+)
+tenant_patch = fields(
+    {
+        "name": nasty_text,
+        "status": st.sampled_from(["active", "suspended", "deleted"]),
+        "allow_client_system": st.booleans(),
+    }
+)
+prompt_set = fields({"text": nasty_text})
+key_create = fields(
+    {
+        "kind": st.sampled_from(["server", "widget", "admin"]),
+        "allowed_origins": st.lists(
+            st.one_of(st.just("https://a.example"), nasty_text), max_size=3
+        ),
+    }
+)
+
+
+def encode(value: Any) -> bytes:
+    # ensure_ascii keeps lone surrogates as escapes; allow_nan writes NaN / Infinity literals.
+    return json.dumps(value).encode()
+
+
+def raw_bodies(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[tuple[bytes, str | None]]:
+    """(body, content type): JSON of the field strategy or of any value, or malformed bytes."""
+    as_json = st.one_of(valid, valid, valid, json_values).map(encode)
+    malformed = st.one_of(
+        st.binary(max_size=48),
+        st.sampled_from(
+            [
+                b"",
+                b"{",
+                b"\xff\xfe{}",
+                b'{"a": "\xc3\x28"}',
+                b"NaN",
+                b'{"rpm": NaN}',
+                b'{"temperature": Infinity}',
+                b"[" * 5000,
+                b'{"a": ' * 3000,
+                b"1" * 5000,
+            ]
+        ),
+        valid.map(lambda v: encode(v)[:-1]),  # truncated
+    )
+    ctype = st.sampled_from(
+        [
+            None,
+            "application/json",
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "application/json; charset=latin-1",
+            "application/json; charset=no-such-charset",
+        ]
+    )
+    return st.tuples(st.one_of(as_json, malformed), ctype)
+
+
+# -- the live server ----------------------------------------------------------------------------
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def gw(
+    template_database: str, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[LiveGateway]:
+    name = await create_database(template_database)
+    settings_ = make_settings(pg_url(name), tmp_path_factory.mktemp("robust"))
+    try:
+        async with live_gateway(settings_, demo_model_dir) as live:
+            yield live
+    finally:
+        await drop_database(name)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def tenant(gw: LiveGateway) -> TenantHandle:
+    """The chat tenant; the admin properties change their own tenant (limits, status)."""
+    return await gw.create_tenant("fuzz", system_prompt="Be brief.", limits={"rpm": 100000})
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def admin_tenant(gw: LiveGateway) -> TenantHandle:
+    return await gw.create_tenant("fuzz-admin", system_prompt="Be brief.")
+
+
+async def send(
+    gw: LiveGateway, method: str, url: str, auth: str, body: bytes, ctype: str | None
+) -> tuple[int, bytes]:
+    headers = {"Authorization": f"Bearer {auth}"}
+    if ctype is not None:
+        headers["Content-Type"] = ctype
+    async with gw.http.request(method, url, data=body, headers=headers) as resp:
+        return resp.status, await resp.read()
+
+
+def check(status: int, payload: bytes, sent: bytes) -> None:
+    assert status < 500, (status, payload[:300], sent[:300])
+    if status < 400:
+        return
+    err = json.loads(payload)["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert isinstance(err["message"], str) and err["message"], err
+    assert isinstance(err["type"], str) and err["type"], err
+    assert err["param"] is None or isinstance(err["param"], str), err
+    assert err["code"] is None or isinstance(err["code"], str), err
+
+
+# -- properties ---------------------------------------------------------------------------------
+@FUZZ
+@given(data=st.data())
+async def test_chat_never_5xx(gw: LiveGateway, tenant: TenantHandle, data: st.DataObject) -> None:
+    body, ctype = data.draw(raw_bodies(chat_body(gw.state.model_name)))
+    url = f"{gw.base_url}/v1/chat/completions"
+    status, payload = await send(gw, "POST", url, tenant.key, body, ctype)
+    check(status, payload, body)
+
+
+ADMIN_ROUTES = {
+    "create": ("POST", "/tenants", tenant_create),
+    "patch": ("PATCH", "/tenants/{id}", tenant_patch),
+    "prompt": ("PUT", "/tenants/{id}/system-prompt", prompt_set),
+    "keys": ("POST", "/tenants/{id}/keys", key_create),
+    "limits": ("PUT", "/tenants/{id}/limits", limits),
+}
+
+
+@pytest.mark.parametrize("route", list(ADMIN_ROUTES))
+@FUZZ
+@given(data=st.data())
+async def test_admin_mutations_never_5xx(
+    gw: LiveGateway, admin_tenant: TenantHandle, route: str, data: st.DataObject
+) -> None:
+    method, path, strategy = ADMIN_ROUTES[route]
+    body, ctype = data.draw(raw_bodies(strategy))
+    url = f"{gw.base_url}/admin/v1{path.format(id=admin_tenant.id)}"
+    status, payload = await send(gw, method, url, ADMIN_TOKEN, body, ctype)
+    check(status, payload, body)
+    # Suspending the tenant is a legal outcome of PATCH; later examples need it active.
+    if route == "patch" and status == 200 and json.loads(payload)["status"] != "active":
+        await gw.admin("PATCH", f"/tenants/{admin_tenant.id}", {"status": "active"})
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "ctype", "param"),
+    [
+        ("PUT", "/limits", b'{"rpm": 2147483648}', None, "rpm"),
+        ("PUT", "/limits", b'{"tpm": 100000000000000000000}', None, "tpm"),
+        ("PATCH", "", b'{"name": "a\\u0000b"}', None, "name"),
+        ("PUT", "/system-prompt", b'{"text": "a\\u0000b"}', None, "text"),
+        ("PUT", "/system-prompt", b'{"text": "\xff\xfe"}', None, None),
+        ("PUT", "/system-prompt", b'{"text": "x"}', "application/json; charset=nope", None),
+        ("PUT", "/limits", b'{"rpm": ' + b"9" * 5000 + b"}", None, None),
+        ("PUT", "/limits", b"[" * 5000, None, None),
+    ],
+)
+async def test_admin_edge_inputs_are_4xx(
+    gw: LiveGateway,
+    admin_tenant: TenantHandle,
+    method: str,
+    path: str,
+    body: bytes,
+    ctype: str | None,
+    param: str | None,
+) -> None:
+    url = f"{gw.base_url}/admin/v1/tenants/{admin_tenant.id}{path}"
+    status, payload = await send(gw, method, url, ADMIN_TOKEN, body, ctype)
+    assert status in (400, 422), (status, payload)
+    check(status, payload, body)
+    assert json.loads(payload)["error"]["param"] == param
