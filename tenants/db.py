@@ -22,7 +22,11 @@ SessionFactory = async_sessionmaker[AsyncSession]
 
 def make_engine(url: str, *, connect_timeout_s: float = 5.0, **kwargs: Any) -> AsyncEngine:
     """Create the async engine. SQLite: creates the file's directory, enables foreign keys
-    and a busy timeout so concurrent writers wait instead of failing."""
+    and a busy timeout so concurrent writers wait instead of failing.
+
+    Statement parameters are kept out of exception messages and SQL logs (``hide_parameters``):
+    they include prompt text, cache salts and key hashes, and a failed statement is logged."""
+    kwargs.setdefault("hide_parameters", True)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         db = parsed.database

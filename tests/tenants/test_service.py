@@ -5,7 +5,7 @@ import asyncio
 import pytest
 import structlog
 from sqlalchemy import func, select
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from tenants import service
 from tenants.errors import (
@@ -15,7 +15,7 @@ from tenants.errors import (
     TenantExists,
     TenantNotFound,
 )
-from tenants.models import AuditLog, SystemPrompt, Tenant
+from tenants.models import AuditLog, SystemPrompt, Tenant, utcnow
 from tenants.schemas import LimitsIn, TenantCreate, TenantPatch
 from tenants.settings import DEFAULT_LIMITS, Limits
 from tenants.store import TenantStore
@@ -209,6 +209,23 @@ async def test_failure_mid_unit_leaves_nothing(
     with pytest.raises(TenantNotFound):
         await store.get_tenant(tid)
     assert (await dump_tables(store)) == ""
+
+
+async def test_database_errors_do_not_carry_parameters(store: TenantStore) -> None:
+    """A failed statement's message (which the gateway logs) names no parameter values."""
+    orphan = SystemPrompt(
+        tenant_id="no-such-tenant",
+        version=1,
+        text="PROMPT-TEXT-SECRET",
+        sha256="0" * 64,
+        created_at=utcnow(),
+        created_by="t",
+    )
+    with pytest.raises(IntegrityError) as err:
+        async with store.sessions() as session, session.begin():
+            session.add(orphan)
+    assert "PROMPT-TEXT-SECRET" not in str(err.value)
+    assert "no-such-tenant" not in str(err.value)
 
 
 async def test_unreachable_database_is_unavailable() -> None:
