@@ -4,11 +4,13 @@ The step loop runs on a dedicated thread that owns the ``EngineCore``; the event
 on model math. Threads meet in exactly two places::
 
     event loop --commands (SimpleQueue: add, abort, pin, unpin, stop)--> engine thread
-    engine thread --loop.call_soon_threadsafe(_dispatch, [(rid, output | error)])--> event loop
+    engine thread --loop.call_soon_threadsafe(_dispatch, [(queue, output | error)])--> event loop
 
-Per-request ``asyncio.Queue``s live on the event loop only. Abort happens between steps, when the
-thread applies the command. The waiting queue is bounded (``max_waiting``): beyond it ``generate``
-raises ``EngineOverloaded`` instead of buffering without limit.
+Per-request ``asyncio.Queue``s are only used on the event loop; the engine thread holds each
+in-flight request's queue (sent with its add command) to address outputs by queue, not by id: a
+request id reused right after its stream was left must not receive the old request's outputs.
+Abort happens between steps, when the thread applies the command. The waiting queue is bounded
+(``max_waiting``): beyond it ``generate`` raises ``EngineOverloaded`` instead of buffering.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class _Add:
     namespace: str
     priorities: tuple[PriorityRange, ...]
     arrival_time: float
+    sink: asyncio.Queue[RequestOutput | BaseException]  # put into on the event loop only
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,8 @@ class _Unpin:
 
 
 _STOP = object()
-_Item = tuple[str, RequestOutput | BaseException]
+_Sink = asyncio.Queue[RequestOutput | BaseException]
+_Item = tuple[_Sink, RequestOutput | BaseException]
 
 
 class AsyncEngine:
@@ -76,7 +80,10 @@ class AsyncEngine:
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        self._streams: dict[str, _Sink] = {}  # event loop side: open streams by request id
+        self._sinks: dict[
+            str, _Sink
+        ] = {}  # engine thread side: the queue of each request in flight
         self._adds_in_flight = 0  # submitted, not yet applied by the thread (under _lock)
         self._lock = threading.Lock()
         self._stats: CacheStats = core.cache.stats()
@@ -174,9 +181,9 @@ class AsyncEngine:
         for rng in priorities:
             rng.check()
         self._reserve_waiting_slot()
-        q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        q: _Sink = asyncio.Queue()
         self._streams[rid] = q
-        cmd = _Add(rid, tuple(token_ids), params, namespace, tuple(priorities), time.monotonic())
+        cmd = _Add(rid, tuple(token_ids), params, namespace, tuple(priorities), time.monotonic(), q)
         self._inbox.put(cmd)
         done = False
         try:
@@ -245,7 +252,7 @@ class AsyncEngine:
                         return
                     items.extend(self._apply(cmd))
                 if self._core.has_work():
-                    items.extend((o.request_id, o) for o in self._core.step())
+                    items.extend(self._addressed(self._core.step()))
                 self._stats = self._core.cache.stats()
                 if items:
                     self._post(items)
@@ -281,10 +288,11 @@ class AsyncEngine:
                     arrival_time=cmd.arrival_time,
                 )
             except Exception as exc:  # validated on the loop already; report, do not die
-                return [(cmd.request_id, exc)]
+                return [(cmd.sink, exc)]
+            self._sinks[cmd.request_id] = cmd.sink
         elif isinstance(cmd, _Abort):
             out = core.abort(cmd.request_id)
-            return [(out.request_id, out)] if out is not None else []
+            return self._addressed([out]) if out is not None else []
         elif isinstance(cmd, _Pin):
             core.start_pin(cmd.namespace, cmd.token_ids, on_done=self._pin_resolver(cmd.future))
         elif isinstance(cmd, _Unpin):
@@ -295,6 +303,17 @@ class AsyncEngine:
             except Exception as exc:
                 cmd.future.set_exception(exc)
         return []
+
+    def _addressed(self, outputs: list[RequestOutput]) -> list[_Item]:
+        """Outputs paired with their request's queue; a finished request's queue is let go."""
+        sinks = self._sinks
+        items: list[_Item] = []
+        for out in outputs:
+            rid = out.request_id
+            sink = sinks.pop(rid, None) if out.finished else sinks.get(rid)
+            if sink is not None:
+                items.append((sink, out))
+        return items
 
     def _pin_resolver(self, fut: concurrent.futures.Future[PinHandle]) -> Any:
         def done(job: PinJob) -> None:
@@ -332,10 +351,8 @@ class AsyncEngine:
     # ------------------------------------------------------------------ event loop side
 
     def _dispatch(self, items: list[_Item]) -> None:
-        for rid, item in items:
-            q = self._streams.get(rid)
-            if q is not None:
-                q.put_nowait(item)
+        for q, item in items:
+            q.put_nowait(item)  # a queue whose stream was left is simply dropped with it
 
     def _fail_all(self, err: BaseException) -> None:
         for q in self._streams.values():

@@ -179,3 +179,14 @@ async def test_event_loop_keeps_ticking_and_bad_priorities_are_refused() -> None
         task.cancel()
         assert len(outs) == 64 and outs[-1].finish_reason == "length"
         assert ticks > 0, "the event loop must run while the engine computes"
+
+
+async def test_request_id_reused_right_after_its_stream_was_left() -> None:
+    async with make_async() as aeng:
+        first = aeng.generate(PROMPT, greedy(50), request_id="same")
+        await anext(first)
+        await first.aclose()  # queues the abort of the first request
+        # Reused at once: the first request's abort output must not end this stream.
+        outs = await collect(aeng, PROMPT, 6, request_id="same")
+        assert outs[-1].finish_reason == "length" and len(outs[-1].token_ids) == 6
+        await wait_idle(aeng)
