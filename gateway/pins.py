@@ -66,6 +66,7 @@ class PinManager:
         self._store = store
         self._current: dict[str, PromptEntry] = {}
         self._retiring: list[PromptEntry] = []
+        self._building: dict[str, PromptEntry] = {}  # version being pinned, not yet current
         self._counters: dict[str, TenantCounters] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -94,14 +95,25 @@ class PinManager:
             return
         await self.activate(rt)
 
-    async def activate(self, rt: TenantRuntime) -> PromptEntry:
-        """Make ``rt``'s prompt version current: pin it first, then switch, then retire the old."""
+    async def activate(self, rt: TenantRuntime, entry: PromptEntry | None = None) -> PromptEntry:
+        """Make ``rt``'s prompt version current: pin it first, then switch, then retire the old.
+
+        ``entry``: the one ``begin`` already built for this version, so that its prompt is
+        tokenized once. While it is being pinned it is listed in ``_building``, and requests
+        arriving meanwhile share it instead of building their own.
+        """
         async with self._locks.setdefault(rt.tenant_id, asyncio.Lock()):
-            cur = self._current.get(rt.tenant_id)
-            if cur is not None and _same(cur, rt):
-                return cur
-            entry = self._new_entry(rt)
-            await self._pin(entry)
+            try:
+                cur = self._current.get(rt.tenant_id)
+                if cur is not None and _same(cur, rt):
+                    return cur
+                if entry is None:
+                    entry = self._new_entry(rt)
+                self._building[rt.tenant_id] = entry
+                await self._pin(entry)
+            finally:
+                if entry is not None and self._building.get(rt.tenant_id) is entry:
+                    del self._building[rt.tenant_id]
             self._current[rt.tenant_id] = entry
             if cur is not None:
                 await self._retire(cur)
@@ -144,15 +156,20 @@ class PinManager:
 
         A version this replica has not activated yet (missed event, first request of a tenant)
         is activated in the background. Until it is pinned, traffic stays on the current
-        entry; a tenant without one is served an unpinned entry built on the spot.
+        entry; a tenant without one is served the entry being pinned (built once, unpinned
+        until its pin lands).
         """
         cur = self._current.get(rt.tenant_id)
         if cur is None or not _same(cur, rt):
-            lock = self._locks.get(rt.tenant_id)
-            if lock is None or not lock.locked():
-                self.spawn(self.activate(rt))
+            pending = self._building.get(rt.tenant_id)
+            if pending is None or not _same(pending, rt):
+                pending = self._new_entry(rt)
+                lock = self._locks.get(rt.tenant_id)
+                if lock is None or not lock.locked():
+                    self._building[rt.tenant_id] = pending
+                    self.spawn(self.activate(rt, pending))
             if cur is None:
-                cur = self._new_entry(rt)
+                cur = pending
         cur.inflight += 1
         return cur
 

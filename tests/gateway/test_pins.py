@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from sqlalchemy import update
 
+from gateway.pins import PINNED, PinManager
 from tenants.models import ApiKey
+from tenants.runtime import TenantRuntime
 from tenants.schemas import KeyCreate, TenantCreate
+from tenants.settings import DEFAULT_LIMITS
 from tenants.store import TenantStore
 from tests.gateway.harness import live_gateway, make_settings, wait_for
 
@@ -92,3 +99,55 @@ async def test_prompt_change_pins_new_then_unpins_old_after_in_flight(
         after = pinned_now - info["pinned_blocks"]
         await wait_for(lambda: engine.cache_stats().blocks_pinned == after)
         assert gw.state.pins.current(t.id) is None
+
+
+class CountingTokenizer:
+    """ChatML-like template; counts how often text is tokenized."""
+
+    def __init__(self) -> None:
+        self.encoded: list[str] = []
+
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = False
+    ) -> str:
+        text = "".join(f"<{m['role']}>{m['content']}</>" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+    def encode(self, text: str) -> list[int]:
+        self.encoded.append(text)
+        return [ord(c) for c in text]
+
+
+class GatedPinEngine:
+    """``pin_prefix`` waits until ``release`` is set, like a prefill that takes a while."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.pinned: list[tuple[str, list[int]]] = []
+
+    async def pin_prefix(self, namespace: str, ids: list[int]) -> Any:
+        await self.release.wait()
+        self.pinned.append((namespace, ids))
+        return SimpleNamespace(block_ids=(0,), num_tokens=len(ids))
+
+    async def unpin(self, handle: Any) -> None:
+        pass
+
+
+async def test_requests_while_a_version_is_pinned_share_one_prefix() -> None:
+    tok, engine = CountingTokenizer(), GatedPinEngine()
+    pins = PinManager(engine, tok, store=None)  # type: ignore[arg-type]
+    rt = TenantRuntime("t1", "active", "salt-1", 1, "Be brief.", DEFAULT_LIMITS, True)
+    entries = [pins.begin(rt)]
+    await asyncio.sleep(0)  # the background activation is now waiting on the pin
+    entries += [pins.begin(rt) for _ in range(4)]
+    assert len(tok.encoded) == 1  # the system prompt was tokenized once, not per request
+    assert all(e is entries[0] for e in entries) and entries[0].inflight == 5
+    engine.release.set()
+    await wait_for(lambda: pins.current("t1") is entries[0])
+    assert entries[0].state == PINNED and engine.pinned == [("salt-1", list(entries[0].prefix.ids))]
+    for e in entries:
+        await pins.end(e, prompt_tokens=10, cached_tokens=5)
+    assert pins.begin(rt) is entries[0] and len(tok.encoded) == 1
+    pins.check_integrity()
+    await pins.close()
