@@ -170,16 +170,15 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs (token deltas in ``new_token_ids``) until the final one.
 
-        Raises PromptTooLong, EngineOverloaded, DuplicateRequestId before anything is queued.
+        Raises PromptTooLong, EngineOverloaded, DuplicateRequestId, ValueError (token id outside
+        the vocabulary, bad priority range) before anything is queued.
         Leaving the loop early (break, cancellation) aborts the request and frees its blocks.
         """
         await self._ensure_running()
         rid = request_id if request_id is not None else f"req-{uuid.uuid4().hex}"
         if rid in self._streams:
             raise DuplicateRequestId(f"request id {rid!r} is already in flight")
-        self._core.scheduler.check_fits(len(token_ids), params.max_tokens)
-        for rng in priorities:
-            rng.check()
+        self._core.check_request(token_ids, params, priorities)
         self._reserve_waiting_slot()
         q: _Sink = asyncio.Queue()
         self._streams[rid] = q

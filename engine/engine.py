@@ -78,6 +78,7 @@ class EngineCore:
             eos_token_ids=runner.eos_token_ids,
             clock=clock,
         )
+        self.vocab_size = int(runner.vocab_size)
         self.num_model_tokens = 0  # tokens that went through the model (all steps)
         self._pin_jobs: dict[str, PinJob] = {}
         self._ids = itertools.count()
@@ -102,6 +103,20 @@ class EngineCore:
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"
 
+    def check_request(
+        self,
+        token_ids: Sequence[int],
+        params: SamplingParams,
+        priorities: Sequence[PriorityRange] = (),
+    ) -> None:
+        """Raise PromptTooLong / ValueError for a request that can never run. An id outside the
+        vocabulary would fail inside the forward and stop the engine for every request."""
+        self.scheduler.check_fits(len(token_ids), params.max_tokens)
+        if token_ids and (min(token_ids) < 0 or max(token_ids) >= self.vocab_size):
+            raise ValueError(f"token ids must lie in 0..{self.vocab_size - 1}")
+        for rng in priorities:
+            rng.check()
+
     def add_request(
         self,
         token_ids: Sequence[int],
@@ -113,10 +128,12 @@ class EngineCore:
         arrival_time: float | None = None,
     ) -> str:
         rid = request_id if request_id is not None else self.new_request_id()
+        ids = tuple(int(t) for t in token_ids)
+        self.check_request(ids, params, priorities)
         req = Request(
             request_id=rid,
             namespace=namespace,
-            prompt_token_ids=tuple(int(t) for t in token_ids),
+            prompt_token_ids=ids,
             sampling=params,
             arrival_time=self.clock() if arrival_time is None else arrival_time,
             priorities=tuple(priorities),
@@ -290,7 +307,7 @@ class Engine:
         if len(plist) != len(prompts):
             raise ValueError(f"{len(plist)} SamplingParams for {len(prompts)} prompts")
         for p, sp in zip(prompts, plist, strict=True):  # validate all before adding any
-            self.core.scheduler.check_fits(len(p), sp.max_tokens)
+            self.core.check_request(p, sp, priorities)
         ids = [
             self.add_request(p, sp, namespace=namespace, priorities=priorities)
             for p, sp in zip(prompts, plist, strict=True)

@@ -46,6 +46,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.num_blocks = int(kv_caches[0][0].shape[0])
         self.max_model_len = model_config.max_position_embeddings
+        self.vocab_size = model_config.vocab_size
         self.eos_token_ids: tuple[int, ...] = tokenizer.eos_token_ids
 
     @classmethod

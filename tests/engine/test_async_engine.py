@@ -190,3 +190,13 @@ async def test_request_id_reused_right_after_its_stream_was_left() -> None:
         outs = await collect(aeng, PROMPT, 6, request_id="same")
         assert outs[-1].finish_reason == "length" and len(outs[-1].token_ids) == 6
         await wait_idle(aeng)
+
+
+async def test_token_id_outside_the_vocabulary_is_refused_and_the_engine_keeps_serving() -> None:
+    async with make_async() as aeng:
+        vocab = aeng._core.vocab_size
+        for bad in ([*PROMPT, vocab], [-1, *PROMPT]):
+            with pytest.raises(ValueError, match="token ids must lie in"):
+                await collect(aeng, bad, 3)
+        outs = await collect(aeng, PROMPT, 3)
+        assert outs[-1].finish_reason == "length" and aeng.is_running

@@ -172,3 +172,16 @@ def test_generate_takes_one_sampling_params_per_prompt() -> None:
     assert outs[0].token_ids == outs[1].token_ids[:1]
     with pytest.raises(ValueError):
         eng.generate([[1, 2]], params)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_before_queueing() -> None:
+    eng = make_engine()
+    vocab = eng.core.vocab_size
+    for bad in ([5, vocab], [-1, 5]):
+        with pytest.raises(ValueError, match="token ids must lie in"):
+            eng.add_request(bad, SamplingParams(max_tokens=2))
+        with pytest.raises(ValueError, match="token ids must lie in"):
+            eng.generate([[5, 6], bad], SamplingParams(max_tokens=2))
+    assert not eng.has_unfinished()
+    out = eng.generate([[5, vocab - 1]], SamplingParams(max_tokens=2, temperature=0.0))[0]
+    assert len(out.token_ids) >= 1
