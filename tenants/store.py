@@ -6,7 +6,8 @@ functions of tenants/runtime.py, tenants/service.py and tenants/queries.py direc
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 from sqlalchemy.exc import IntegrityError
@@ -38,6 +39,19 @@ from tenants.schemas import (
 from tenants.settings import DEFAULT_LIMITS, Limits
 
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def _outages_unavailable() -> Iterator[None]:
+    """A database that cannot be reached becomes ``StoreUnavailable``; other errors pass."""
+    try:
+        yield
+    except TenantStoreError:
+        raise
+    except Exception as exc:
+        if is_unavailable(exc):
+            raise unavailable(exc) from exc
+        raise
 
 
 class TenantStore:
@@ -75,26 +89,14 @@ class TenantStore:
 
     async def _write(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
         """Run ``fn`` in one transaction; nothing is left half-written on any failure."""
-        try:
+        with _outages_unavailable():
             async with self.sessions() as session, session.begin():
                 return await fn(session)
-        except TenantStoreError:
-            raise
-        except Exception as exc:
-            if is_unavailable(exc):
-                raise unavailable(exc) from exc
-            raise
 
     async def _read(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
-        try:
+        with _outages_unavailable():
             async with self.sessions() as session:
                 return await fn(session)
-        except TenantStoreError:
-            raise
-        except Exception as exc:
-            if is_unavailable(exc):
-                raise unavailable(exc) from exc
-            raise
 
     # -- mutations: commit, then announce -------------------------------------------------
     async def create_tenant(self, data: TenantCreate, *, actor: str) -> TenantOut:
