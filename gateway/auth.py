@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -22,6 +23,12 @@ from tenants.runtime import KeyIdentity, TenantRuntime
 from tenants.store import TenantStore
 
 CORS_ORIGIN = web.RequestKey("cors_origin", str)  # the checked Origin of a widget request
+
+V = TypeVar("V")
+
+
+def _invalid_key() -> ApiError:
+    return ApiError(401, "invalid API key", type_="authentication_error", code="invalid_api_key")
 
 
 @dataclass(frozen=True)
@@ -48,30 +55,32 @@ class KeyCache:
 
     async def identity(self, secret: str) -> KeyIdentity | None:
         digest = hashlib.sha256(secret.encode()).hexdigest()
-        hit = self._keys.get(digest)
-        now = self._clock()
-        if hit is not None and hit[1] > now:
-            return hit[0]
-        self.lookups += 1
-        ident = await self._store.authenticate_key(secret)
-        if ident is None:
-            self._keys.pop(digest, None)
-            return None
-        self._keys[digest] = (ident, now + self._ttl)
-        return ident
+        return await self._cached(self._keys, digest, lambda: self._store.authenticate_key(secret))
 
     async def runtime(self, tenant_id: str) -> TenantRuntime | None:
-        hit = self._runtimes.get(tenant_id)
+        return await self._cached(
+            self._runtimes, tenant_id, lambda: self._store.get_tenant_runtime(tenant_id)
+        )
+
+    async def _cached(
+        self,
+        table: dict[str, tuple[V, float]],
+        key: str,
+        load: Callable[[], Awaitable[V | None]],
+    ) -> V | None:
+        """A fresh entry of ``table``, else ``load()`` (one database round trip); only found
+        values are cached, so a key or tenant created a moment ago is seen at once."""
+        hit = table.get(key)
         now = self._clock()
         if hit is not None and hit[1] > now:
             return hit[0]
         self.lookups += 1
-        rt = await self._store.get_tenant_runtime(tenant_id)
-        if rt is None:
-            self._runtimes.pop(tenant_id, None)
+        value = await load()
+        if value is None:
+            table.pop(key, None)
             return None
-        self._runtimes[tenant_id] = (rt, now + self._ttl)
-        return rt
+        table[key] = (value, now + self._ttl)
+        return value
 
     def check_integrity(self) -> None:
         for digest, (ident, expiry) in self._keys.items():
@@ -101,9 +110,7 @@ class KeyCache:
             )
         ident = await self.identity(secret.strip())
         if ident is None:
-            raise ApiError(
-                401, "invalid API key", type_="authentication_error", code="invalid_api_key"
-            )
+            raise _invalid_key()
         if ident.kind == "widget":
             origin = request.headers.get("Origin")
             if origin is None or origin not in ident.allowed_origins:
@@ -118,9 +125,7 @@ class KeyCache:
             self._on_use(ident.key_id)
         rt = await self.runtime(ident.tenant_id)
         if rt is None or rt.status == "deleted":
-            raise ApiError(
-                401, "invalid API key", type_="authentication_error", code="invalid_api_key"
-            )
+            raise _invalid_key()
         if rt.status != "active":
             raise ApiError(
                 403,
