@@ -89,6 +89,7 @@ class AsyncEngine:
         self._stats: CacheStats = core.cache.stats()
         self._closed = False
         self._fatal: BaseException | None = None
+        self._waiters: set[concurrent.futures.Future[Any]] = set()  # loop side: pin / unpin sent
         self._stopped: asyncio.Future[None] | None = None  # set by the thread as it exits
 
     @classmethod
@@ -210,16 +211,24 @@ class AsyncEngine:
 
     async def pin_prefix(self, namespace: str, token_ids: Sequence[int]) -> PinHandle:
         """Compute the prefix once (or find it cached) and pin its blocks; PinRejected if not."""
-        await self._ensure_running()
         fut: concurrent.futures.Future[PinHandle] = concurrent.futures.Future()
-        self._inbox.put(_Pin(namespace, tuple(token_ids), fut))
-        return await asyncio.wrap_future(fut)
+        return await self._call(_Pin(namespace, tuple(token_ids), fut))
 
     async def unpin(self, handle: PinHandle) -> None:
-        await self._ensure_running()
         fut: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._inbox.put(_Unpin(handle, fut))
-        await asyncio.wrap_future(fut)
+        await self._call(_Unpin(handle, fut))
+
+    async def _call(self, cmd: _Pin | _Unpin) -> Any:
+        """Send a command whose future the engine thread resolves, and wait for it. Also tracked
+        here: a loop that dies after our liveness check but before reading the command would
+        leave it waiting forever; ``_fail_all`` (posted by the dying thread) fails it instead."""
+        await self._ensure_running()
+        self._waiters.add(cmd.future)
+        try:
+            self._inbox.put(cmd)
+            return await asyncio.wrap_future(cmd.future)
+        finally:
+            self._waiters.discard(cmd.future)
 
     async def _ensure_running(self) -> None:
         if self._fatal is not None:
@@ -356,6 +365,9 @@ class AsyncEngine:
     def _fail_all(self, err: BaseException) -> None:
         for q in self._streams.values():
             q.put_nowait(err)
+        for fut in self._waiters:  # the thread is past touching futures when this runs
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                fut.set_exception(err)
 
 
 def _set_done(fut: asyncio.Future[None] | None) -> None:

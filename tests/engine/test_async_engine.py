@@ -10,6 +10,7 @@ import pytest
 from engine import AsyncEngine, Engine
 from engine.errors import (
     EngineClosed,
+    EngineDead,
     EngineOverloaded,
     PinRejected,
     PromptTooLong,
@@ -200,3 +201,25 @@ async def test_token_id_outside_the_vocabulary_is_refused_and_the_engine_keeps_s
                 await collect(aeng, bad, 3)
         outs = await collect(aeng, PROMPT, 3)
         assert outs[-1].finish_reason == "length" and aeng.is_running
+
+
+async def test_pin_sent_as_the_engine_loop_dies_fails_instead_of_waiting_forever() -> None:
+    async with make_async() as aeng:
+
+        def broken(batch: object) -> list[int | None]:
+            raise RuntimeError("device lost")
+
+        aeng._core.runner.execute = broken  # type: ignore[method-assign]
+        with pytest.raises(EngineDead):
+            await collect(aeng, PROMPT, 3)
+        assert aeng._thread is not None
+        aeng._thread.join(5)
+        # The race: pin_prefix saw the loop alive just before the thread recorded its failure and
+        # drained the inbox; the command lands where nobody reads it. The thread's last act,
+        # _fail_all, is posted to the event loop and runs after that command was sent.
+        aeng._fatal = None
+        task = asyncio.create_task(aeng.pin_prefix("t", PROMPT))
+        await asyncio.sleep(0)
+        aeng._fail_all(EngineDead("engine loop stopped"))
+        with pytest.raises(EngineDead):
+            await asyncio.wait_for(task, 5)
