@@ -81,9 +81,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, _Sink] = {}  # event loop side: open streams by request id
-        self._sinks: dict[
-            str, _Sink
-        ] = {}  # engine thread side: the queue of each request in flight
+        self._sinks: dict[str, _Sink] = {}  # engine thread side: queue of each request in flight
         self._adds_in_flight = 0  # submitted, not yet applied by the thread (under _lock)
         self._lock = threading.Lock()
         self._stats: CacheStats = core.cache.stats()
