@@ -14,7 +14,7 @@ from aiohttp import web
 from gateway.admin import views
 from gateway.admin.auth import admin_auth_middleware
 from gateway.admin.context import ADMIN_CONTEXT, AdminContext, CacheProvider, TokenCounter
-from gateway.errors import error_middleware, register_error
+from gateway.errors import Handler, error_middleware, register_error
 from tenants import errors as te
 from tenants.store import TenantStore
 
@@ -30,6 +30,16 @@ def register_tenant_errors() -> None:
     register_error(te.InvalidField, 422, "invalid_request_error", "invalid_field")
     register_error(te.PromptTooLong, 422, "invalid_request_error", "prompt_too_long")
     register_error(te.StoreUnavailable, 503, "service_unavailable", "database_unavailable")
+
+
+@web.middleware
+async def no_nul_params(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Path and query values holding NUL name nothing in the store (PostgreSQL text cannot hold
+    NUL): refused before any query sees them."""
+    for name, value in (*request.match_info.items(), *request.query.items()):
+        if "\x00" in value:
+            raise te.InvalidField(f"{name}: must not contain NUL characters", param=name)
+    return await handler(request)
 
 
 def create_admin_app(
@@ -50,7 +60,9 @@ def create_admin_app(
     if (token_counter is None) != (max_prompt_tokens is None):
         raise ValueError("token_counter and max_prompt_tokens must be given together")
     register_tenant_errors()
-    app = web.Application(middlewares=[error_middleware, admin_auth_middleware(admin_token_sha256)])
+    app = web.Application(
+        middlewares=[error_middleware, admin_auth_middleware(admin_token_sha256), no_nul_params]
+    )
     app[ADMIN_CONTEXT] = AdminContext(
         store=store,
         token_counter=token_counter,
