@@ -2,8 +2,9 @@
 
 Arbitrary JSON values, wrong types in every field, junk nesting, huge numbers, NUL bytes and lone
 surrogates, non-UTF-8 bytes and wrong content types are posted to the chat endpoint (valid tenant
-key) and to every admin mutation route. Every answer is below 500 and every error body is
-OpenAI-shaped. Examples are bounded and derandomized so the run is fast and reproducible.
+key) and to every admin mutation route; arbitrary path and query values go to every admin route.
+Every answer is below 500 and every error body is OpenAI-shaped. Examples are bounded and
+derandomized so the run is fast and reproducible.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from yarl import URL
 
 from tests.gateway.harness import (
     ADMIN_TOKEN,
@@ -290,3 +293,36 @@ async def test_admin_edge_inputs_are_4xx(
     assert status in (400, 422), (status, payload)
     check(status, payload, body)
     assert json.loads(payload)["error"]["param"] == param
+
+
+PARAM_ROUTES = [
+    ("GET", "/tenants/{id}"),
+    ("PATCH", "/tenants/{id}"),
+    ("DELETE", "/tenants/{id}"),
+    ("PUT", "/tenants/{id}/system-prompt"),
+    ("GET", "/tenants/{id}/system-prompts"),
+    ("POST", "/tenants/{id}/keys"),
+    ("DELETE", "/tenants/{id}/keys/{key_id}"),
+    ("PUT", "/tenants/{id}/limits"),
+    ("GET", "/tenants/{id}/cache"),
+    ("GET", "/tenants?limit={q}&cursor={q}&status={q}"),
+    ("GET", "/audit?tenant={q}&limit={q}&cursor={q}"),
+]
+url_text = st.text(alphabet=st.characters(exclude_categories=("Cs",)), min_size=1, max_size=24)
+
+
+@FUZZ
+@given(
+    route=st.sampled_from(PARAM_ROUTES),
+    values=st.tuples(st.one_of(url_text, st.just("\x00")), url_text, url_text),
+)
+async def test_admin_path_and_query_values_never_5xx(
+    gw: LiveGateway, route: tuple[str, str], values: tuple[str, str, str]
+) -> None:
+    method, template = route
+    tenant_id, key_id, q = (quote(v, safe="") for v in values)
+    path = template.format(id=tenant_id, key_id=key_id, q=q)
+    url = URL(f"{gw.base_url}/admin/v1{path}", encoded=True)
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with gw.http.request(method, url, data=b'{"text": "x"}', headers=headers) as resp:
+        check(resp.status, await resp.read(), path.encode())
