@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -261,7 +261,7 @@ class RateLimitSettings:
 
 @dataclass(frozen=True)
 class AuthSettings:
-    admin_token: str | None
+    admin_token: str | None = field(repr=False)  # a secret: never in a printed or logged repr
     key_cache_ttl_s: float
 
     @classmethod

@@ -61,6 +61,12 @@ def test_unknown_toml_key_is_refused(tmp_path: Path) -> None:
         Settings.from_env({"KVGATE_CONFIG": str(cfg)})
 
 
+def test_admin_token_is_not_in_the_settings_repr() -> None:
+    s = Settings.from_env({"KVGATE_ADMIN_TOKEN": "secret-admin-token-123"})
+    assert s.auth.admin_token == "secret-admin-token-123"
+    assert "secret-admin-token-123" not in repr(s)
+
+
 def test_settings_are_frozen() -> None:
     s = Settings.from_env({})
     with pytest.raises(AttributeError):
