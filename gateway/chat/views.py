@@ -67,9 +67,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 param="model",
             )
         check_client_system(body.messages, principal.runtime.allow_client_system)
-    except ApiError as exc:
-        # Refused before a request span exists: counted, and logged by nobody else.
-        request.app[TELEMETRY].metrics.requests.labels(tenant_id, str(exc.status)).inc()
+    except Exception as exc:
+        # Refused before a request span exists (bad key or body, body too large, database
+        # down): counted here, and logged by nobody else.
+        request.app[TELEMETRY].metrics.requests.labels(tenant_id, str(_status_of(exc))).inc()
         raise
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     obs = RequestObserver(request.app[TELEMETRY], rid, principal.runtime.tenant_id, started)
@@ -90,12 +91,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 error = "client_disconnected"
             raise
         except Exception as exc:
-            mapped = to_api_error(exc)
-            status = mapped.status if mapped else 500
-            error = type(exc).__name__
+            status, error = _status_of(exc), type(exc).__name__
             raise
         finally:
             obs.finish(status, stats, error)
+
+
+def _status_of(exc: BaseException) -> int:
+    """The HTTP status the error middleware answers ``exc`` with."""
+    if isinstance(exc, ApiError | web.HTTPException):
+        return exc.status
+    mapped = to_api_error(exc)
+    return mapped.status if mapped else 500
 
 
 async def _serve(

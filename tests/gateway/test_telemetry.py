@@ -10,6 +10,7 @@ import structlog
 from aiohttp import web
 from opentelemetry import trace
 
+from gateway.context import SETTINGS
 from gateway.settings import TelemetrySettings
 from gateway.telemetry import GatewayMetrics, make_tracer_provider
 from tests.gateway.harness import live_gateway, make_settings
@@ -91,6 +92,13 @@ async def test_span_metrics_and_log_of_a_request(
             assert r.status == 401
         text = await (await gw.http.get(f"{gw.base_url}/metrics")).text()
         assert 'kvgate_requests_total{status="401",tenant=""} 1.0' in text
+        too_big = b"x" * (gw.app[SETTINGS].server.max_body_bytes + 1)
+        headers = {"Authorization": f"Bearer {t.key}"}
+        url = f"{gw.base_url}/v1/chat/completions"
+        async with gw.http.post(url, data=too_big, headers=headers) as r:
+            assert r.status == 413
+        text = await (await gw.http.get(f"{gw.base_url}/metrics")).text()
+        assert f'kvgate_requests_total{{status="413",tenant="{t.id}"}} 1.0' in text
 
 
 def test_registries_and_tracer_providers_are_per_app() -> None:
