@@ -8,8 +8,7 @@ The Triton kernels are imported only when a CUDA tensor arrives (no import-time 
 CPU-only installs never touch Triton). CUDA tensors go to ``engine.kernels.triton``: its
 ``store_kv``, and its ``paged_attention``, which picks per batch cascade attention (requests share
 ``meta.num_shared_blocks`` leading blocks and ``use_cascade`` says it pays), decode attention
-(``meta.is_decode_only``) or extend attention (everything else). If Triton cannot be imported,
-CUDA tensors use the reference ops (device-agnostic torch code).
+(``meta.is_decode_only``) or extend attention (everything else).
 """
 
 from __future__ import annotations
@@ -28,14 +27,10 @@ __all__ = ["AttentionMetadata", "paged_attention", "store_kv"]
 
 @cache
 def _cuda_ops() -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """(store_kv, paged_attention) for CUDA tensors."""
-    try:
-        from engine.kernels import triton as triton_ops  # type: ignore[attr-defined]
-    except ImportError:
-        return reference.store_kv, reference.paged_attention
-    store = getattr(triton_ops, "store_kv", None) or reference.store_kv
-    attend = getattr(triton_ops, "paged_attention", None) or reference.paged_attention
-    return store, attend
+    """(store_kv, paged_attention) for CUDA tensors: the Triton kernels, imported on first use."""
+    from engine.kernels import triton as triton_ops
+
+    return triton_ops.store_kv, triton_ops.paged_attention
 
 
 def store_kv(
