@@ -35,8 +35,13 @@ def tiny_model_dir() -> Path:
     for name in sd:
         if name.endswith("proj.weight"):
             sd[name] *= 8.0
-    path = Path(tempfile.mkdtemp(prefix="kvgate-tiny-"))
-    return write_model_dir(path, cfg, sd)
+    # Kept alive by this cache; the directory is removed when the test process exits.
+    tmp = tempfile.TemporaryDirectory(prefix="kvgate-tiny-")
+    _KEEP.append(tmp)
+    return write_model_dir(Path(tmp.name), cfg, sd)
+
+
+_KEEP: list[tempfile.TemporaryDirectory[str]] = []
 
 
 def kv_bytes(num_blocks: int, block_size: int) -> int:

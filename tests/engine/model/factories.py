@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -21,17 +20,21 @@ VOCAB = 2000
 
 
 @lru_cache(maxsize=1)
-def _tokenizer_dir() -> Path:
+def _tokenizer_files() -> dict[str, bytes]:
+    """The demo tokenizer's files, trained once per test process and kept in memory."""
     import tempfile
 
-    path = Path(tempfile.mkdtemp(prefix="kvgate-test-tok-"))
-    write_tokenizer_files(path)
-    return path
+    with tempfile.TemporaryDirectory(prefix="kvgate-test-tok-") as tmp:
+        write_tokenizer_files(Path(tmp))
+        return {name: (Path(tmp) / name).read_bytes() for name in _TOKENIZER_FILES}
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def copy_tokenizer(path: Path) -> None:
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(_tokenizer_dir() / name, path / name)
+    for name, data in _tokenizer_files().items():
+        (path / name).write_bytes(data)
 
 
 def make_hf_model(
