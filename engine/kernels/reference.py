@@ -48,21 +48,36 @@ def _attend_one(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int, scale: float
 ) -> torch.Tensor:
     """q [n, Hq, D] at positions context_len.., k/v [S, Hkv, D] with S = context_len + n."""
-    n, s = q.shape[0], k.shape[0]
-    # 4-D [1, H, S, D]: the fused CPU kernel only takes batched input.
-    qh = q.transpose(0, 1).unsqueeze(0)
-    kh, vh = _expand_kv(k, q.shape[1]).unsqueeze(0), _expand_kv(v, q.shape[1]).unsqueeze(0)
+    n = q.shape[0]
     if context_len == 0 or n == 1:
         # Fresh prompt: plain causal. One query at the end: it sees everything.
+        # 4-D [1, H, S, D]: the fused CPU kernel only takes batched input.
+        qh = q.transpose(0, 1).unsqueeze(0)
+        kh, vh = _expand_kv(k, q.shape[1]).unsqueeze(0), _expand_kv(v, q.shape[1]).unsqueeze(0)
         out = F.scaled_dot_product_attention(
             qh, kh, vh, is_causal=context_len == 0 and n > 1, scale=scale
         )
-    else:
-        # Query row i sits at absolute position context_len + i and sees keys j <= that.
-        rows = torch.arange(n, device=q.device).unsqueeze(1) + context_len
-        mask = torch.arange(s, device=q.device).unsqueeze(0) <= rows
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
-    return out.squeeze(0).transpose(0, 1)
+        return out.squeeze(0).transpose(0, 1)
+    return _attend_extend(q, k, v, context_len, scale)
+
+
+def _attend_extend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int, scale: float
+) -> torch.Tensor:
+    """New tokens after a cached prefix, GQA without copying K/V per query head.
+
+    The ``g`` query heads that share KV head ``h`` (heads ``h*g .. h*g+g-1``) become ``g*n`` query
+    rows of that head, ordered (head in group, token); row ``r`` is token ``r % n`` at absolute
+    position ``context_len + r % n`` and sees keys ``j <= context_len + r % n``."""
+    n, hq, d = q.shape
+    s, hkv = k.shape[0], k.shape[1]
+    g = hq // hkv
+    qg = q.view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(1, hkv, g * n, d)
+    kh, vh = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+    rows = (torch.arange(n, device=q.device) + context_len).repeat(g)
+    mask = torch.arange(s, device=q.device).unsqueeze(0) <= rows.unsqueeze(1)
+    out = F.scaled_dot_product_attention(qg, kh, vh, attn_mask=mask, scale=scale)
+    return out.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hq, d)
 
 
 def _decode_batched(
