@@ -173,3 +173,16 @@ async def live_gateway(
     finally:
         await gw.close()
         await gw.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def gateway_on_fresh_database(
+    template: str, model_dir: Path, var_dir: Path
+) -> AsyncIterator[LiveGateway]:
+    """A live gateway on its own copy of the migrated template database, dropped afterwards."""
+    name = await create_database(template)
+    try:
+        async with live_gateway(make_settings(pg_url(name), var_dir), model_dir) as live:
+            yield live
+    finally:
+        await drop_database(name)

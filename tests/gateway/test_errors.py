@@ -14,11 +14,7 @@ from gateway.context import SETTINGS
 from tests.gateway.harness import (
     LiveGateway,
     TenantHandle,
-    create_database,
-    drop_database,
-    live_gateway,
-    make_settings,
-    pg_url,
+    gateway_on_fresh_database,
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -28,13 +24,9 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 async def gw(
     template_database: str, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[LiveGateway]:
-    name = await create_database(template_database)
-    settings = make_settings(pg_url(name), tmp_path_factory.mktemp("errors"))
-    try:
-        async with live_gateway(settings, demo_model_dir) as live:
-            yield live
-    finally:
-        await drop_database(name)
+    var_dir = tmp_path_factory.mktemp("errors")
+    async with gateway_on_fresh_database(template_database, demo_model_dir, var_dir) as live:
+        yield live
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

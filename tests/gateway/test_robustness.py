@@ -25,11 +25,7 @@ from tests.gateway.harness import (
     ADMIN_TOKEN,
     LiveGateway,
     TenantHandle,
-    create_database,
-    drop_database,
-    live_gateway,
-    make_settings,
-    pg_url,
+    gateway_on_fresh_database,
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -189,13 +185,9 @@ def raw_bodies(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[tuple[bytes, 
 async def gw(
     template_database: str, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[LiveGateway]:
-    name = await create_database(template_database)
-    settings_ = make_settings(pg_url(name), tmp_path_factory.mktemp("robust"))
-    try:
-        async with live_gateway(settings_, demo_model_dir) as live:
-            yield live
-    finally:
-        await drop_database(name)
+    var_dir = tmp_path_factory.mktemp("robust")
+    async with gateway_on_fresh_database(template_database, demo_model_dir, var_dir) as live:
+        yield live
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
