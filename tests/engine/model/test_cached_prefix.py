@@ -3,6 +3,10 @@
 Every block size 1..64; splits at a block boundary and one token either side; logits within
 1e-5 and identical greedy continuations. Also: request B reads a prefix that request A writes in
 the same step (same block ids in both tables).
+
+The fresh prompt runs SDPA's causal kernel and the suffix the masked one: the two reassociate the
+softmax sums differently (about 1e-7 relative). Weights with std 0.2 keep logits near 8, where
+that stays well under 1e-5; at std 0.3 the two layers amplify it to about 1.5e-5.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ CONTINUATION = 32
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("cached")
-    make_hf_model(path, arch="qwen2", std=0.3)
+    make_hf_model(path, arch="qwen2", std=0.2)
     return path
 
 
