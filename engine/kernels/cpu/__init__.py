@@ -1,0 +1,1 @@
+"""Native CPU kernels (C, compiled on first use); see ``gemm.py``."""
