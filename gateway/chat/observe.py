@@ -5,11 +5,16 @@ gen_ai.provider.name, gen_ai.request.model / max_tokens / temperature / top_p / 
 gen_ai.response.id / model / finish_reasons, gen_ai.usage.input_tokens (cached included),
 gen_ai.usage.output_tokens, gen_ai.usage.cache_read.input_tokens.
 Queue, prefill and decode child spans are placed from the engine's own timestamps.
+
+When nothing exports spans the app's tracer is a ``NoOpTracer``: its spans are the invalid span
+whatever the parent, so the observer skips span work entirely (no context attach, no attributes).
+Likewise the log line's fields are only built when its level is enabled.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -48,10 +53,15 @@ class RequestObserver:
         self.delivered = False  # a stream's last event was written
         self.stream_error: str | None = None  # a failure reported inside a started stream
         self.stats: GenerationStats | None = None
+        self.tracing = not isinstance(telemetry.tracer, trace.NoOpTracer)
 
     @contextlib.contextmanager
     def request_span(self, body: ChatRequest, headers: Mapping[str, str]) -> Iterator[None]:
         """The server span, a child of the caller's trace when it sent ``traceparent``."""
+        self.stream = body.stream
+        if not self.tracing:
+            yield
+            return
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": PROVIDER_NAME,
@@ -68,7 +78,6 @@ class RequestObserver:
         ):
             if val is not None:
                 attrs[key] = val
-        self.stream = body.stream
         tracer = self._tel.tracer
         with tracer.start_as_current_span(
             f"chat {body.model}",
@@ -84,6 +93,9 @@ class RequestObserver:
 
     @contextlib.contextmanager
     def child(self, name: str) -> Iterator[None]:
+        if not self.tracing:
+            yield
+            return
         with self._tel.tracer.start_as_current_span(name):
             yield
 
@@ -91,32 +103,38 @@ class RequestObserver:
         self._tel.metrics.ratelimit_rejections.labels(self.tenant_id, reason).inc()
 
     def set_max_tokens(self, max_tokens: int) -> None:
-        self.span.set_attribute("gen_ai.request.max_tokens", max_tokens)
+        if self.tracing:
+            self.span.set_attribute("gen_ai.request.max_tokens", max_tokens)
 
     def finish(self, status: int, stats: GenerationStats | None, error: str | None = None) -> None:
         """Close out the request: span attributes and timing children, metrics, one log line."""
         self.status, self.stats = status, stats
-        m = self._tel.metrics
-        m.requests.labels(self.tenant_id, str(status)).inc()
+        m = self._tel.metrics.tenant(self.tenant_id)
+        m.count_request(status)
         ttft = None
+        if stats is not None:
+            m.prefix_hit_tokens.inc(stats.cached_tokens)
+            m.prefix_query_tokens.inc(stats.prompt_tokens)
+            m.output_tokens.inc(stats.completion_tokens)
+            if stats.first_token_at is not None:
+                ttft = stats.first_token_at - self.started
+                m.ttft.observe(ttft)
+            if stats.last_token_at and stats.first_token_at and stats.completion_tokens > 1:
+                tpot = (stats.last_token_at - stats.first_token_at) / (stats.completion_tokens - 1)
+                m.tpot.observe(tpot)
+        if self.tracing:
+            self._span_outcome(status, stats, error)
+        self._log(status, stats, ttft, error)
+
+    def _span_outcome(self, status: int, stats: GenerationStats | None, error: str | None) -> None:
         if stats is not None:
             self._usage_attributes(stats)
             self._engine_spans(stats)
-            m.prefix_hit_tokens.labels(self.tenant_id).inc(stats.cached_tokens)
-            m.prefix_query_tokens.labels(self.tenant_id).inc(stats.prompt_tokens)
-            m.output_tokens.labels(self.tenant_id).inc(stats.completion_tokens)
-            if stats.first_token_at is not None:
-                ttft = stats.first_token_at - self.started
-                m.ttft.labels(self.tenant_id).observe(ttft)
-            if stats.last_token_at and stats.first_token_at and stats.completion_tokens > 1:
-                tpot = (stats.last_token_at - stats.first_token_at) / (stats.completion_tokens - 1)
-                m.tpot.labels(self.tenant_id).observe(tpot)
         if status >= 500:
             self.span.set_status(Status(StatusCode.ERROR, error or str(status)))
         self.span.set_attribute("http.response.status_code", status)
         if error:
             self.span.set_attribute("error.type", error)
-        self._log(status, stats, ttft, error)
 
     def _usage_attributes(self, stats: GenerationStats) -> None:
         s = self.span
@@ -147,6 +165,9 @@ class RequestObserver:
     def _log(
         self, status: int, stats: GenerationStats | None, ttft: float | None, error: str | None
     ) -> None:
+        level = logging.WARNING if status >= 500 else logging.INFO
+        if not _log_enabled(level):
+            return
         ctx = self.span.get_span_context()
         fields: dict[str, Any] = {
             "request_id": self.request_id,
@@ -167,3 +188,10 @@ class RequestObserver:
         if error:
             fields["error"] = error
         (log.warning if status >= 500 else log.info)("chat_request", **fields)
+
+
+def _log_enabled(level: int) -> bool:
+    """False when the configured structlog logger drops ``level`` anyway (loggers without a
+    level check are asked to log)."""
+    check = getattr(log, "is_enabled_for", None)
+    return check is None or bool(check(level))

@@ -60,6 +60,28 @@ def _stat(stats: Any, *names: str) -> float | None:
     return None
 
 
+class TenantSeries:
+    """One tenant's children of the per-tenant series, looked up once per tenant (``labels()``
+    checks, converts and locks on every call; a request would make six such calls)."""
+
+    def __init__(self, metrics: GatewayMetrics, tenant_id: str) -> None:
+        self.prefix_hit_tokens = metrics.prefix_hit_tokens.labels(tenant_id)
+        self.prefix_query_tokens = metrics.prefix_query_tokens.labels(tenant_id)
+        self.output_tokens = metrics.output_tokens.labels(tenant_id)
+        self.ttft = metrics.ttft.labels(tenant_id)
+        self.tpot = metrics.tpot.labels(tenant_id)
+        self._requests = metrics.requests
+        self._tenant_id = tenant_id
+        self._by_status: dict[int, Any] = {}
+
+    def count_request(self, status: int) -> None:
+        child = self._by_status.get(status)
+        if child is None:
+            child = self._requests.labels(self._tenant_id, str(status))
+            self._by_status[status] = child
+        child.inc()
+
+
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -106,6 +128,13 @@ class GatewayMetrics:
             registry=r,
         )
         self._state: _StateCollector | None = None
+        self._tenants: dict[str, TenantSeries] = {}
+
+    def tenant(self, tenant_id: str) -> TenantSeries:
+        series = self._tenants.get(tenant_id)
+        if series is None:
+            series = self._tenants[tenant_id] = TenantSeries(self, tenant_id)
+        return series
 
     def watch(self, cache_stats: Callable[[], Any] | None, limiter: Any) -> None:
         """Register the scrape-time collector (once the engine and limiter exist)."""
