@@ -32,7 +32,8 @@ def validate_tenant_id(value: str) -> str:
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+    # strict: "5" is not a number and true is not 1 here, as in the chat API's schemas
+    model_config = ConfigDict(extra="forbid", strict=True, str_strip_whitespace=False)
 
     @field_validator("*")
     @classmethod

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tenants.errors import InvalidField
-from tenants.schemas import KeyCreate, LimitsIn, TenantCreate, parse
+from tenants.schemas import KeyCreate, LimitsIn, TenantCreate, TenantPatch, parse
 
 ALPHABET = string.ascii_lowercase + string.digits + "-" + "A_ ."
 SLUG_CHARS = set(string.ascii_lowercase + string.digits + "-")
@@ -36,6 +36,14 @@ def test_tenant_id_rule(candidate: str) -> None:
         (KeyCreate, {"kind": "server", "allowed_origins": ["https://a.b/path"]}, "allowed_origins"),
         (KeyCreate, {}, "kind"),
         (TenantCreate, [], None),
+        # strict types: no coercion from strings, booleans or floats
+        (LimitsIn, {"rpm": "5"}, "rpm"),
+        (LimitsIn, {"tpm": True}, "tpm"),
+        (LimitsIn, {"max_concurrency": 2.0}, "max_concurrency"),
+        (TenantCreate, {"id": "ab", "name": "x", "allow_client_system": 1}, "allow_client_system"),
+        (TenantCreate, {"id": "ab", "name": "x", "limits": {"rpm": "60"}}, "limits.rpm"),
+        (TenantPatch, {"allow_client_system": "false"}, "allow_client_system"),
+        (TenantPatch, {"name": 7}, "name"),
     ],
 )
 def test_parse_names_the_field(model: type, data: object, param: str | None) -> None:
