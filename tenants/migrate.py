@@ -7,6 +7,10 @@ the caller's async engine (``run_sync``), so these helpers work inside a running
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from alembic import command
@@ -46,10 +50,28 @@ def _run(connection: Connection, op: str, target: str) -> None:
     getattr(command, op)(cfg, target)
 
 
+@contextlib.asynccontextmanager
+async def _migration_lock(engine: AsyncEngine) -> AsyncIterator[None]:
+    """SQLite file: an exclusive lock on ``<file>.migrate.lock`` for the migration. SQLite
+    transactions start deferred, so without it two processes on a fresh file both read "no
+    schema" before either takes the write lock, and the second then fails with "table ...
+    already exists". Other databases: no lock (``kvgate migrate`` is run once, by an operator)."""
+    db = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not db or db == ":memory:" or db.startswith("file:"):
+        yield
+        return
+    with open(f"{db}.migrate.lock", "a") as lock:
+        await asyncio.to_thread(fcntl.flock, lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
 async def migrate_engine(engine: AsyncEngine, op: str = "upgrade", target: str = "head") -> None:
     """Run ``alembic <op> <target>`` (op: upgrade | downgrade) in one transaction."""
     try:
-        async with engine.begin() as conn:
+        async with _migration_lock(engine), engine.begin() as conn:
             await conn.run_sync(_run, op, target)
     except Exception as exc:
         if is_unavailable(exc):

@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,3 +109,29 @@ def test_alembic_command_line_from_another_cwd(tmp_path: Path) -> None:
         [*alembic, "current"], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert out.returncode == 0 and "0001_initial (head)" in out.stdout, out.stderr
+
+
+def test_concurrent_first_starts_on_one_sqlite_file(tmp_path: Path) -> None:
+    """Replicas of the embedded default starting together in one var/ all migrate cleanly."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'race.db'}"
+    code = (
+        "import asyncio, sys, time\n"
+        "from tenants.db import make_engine\n"
+        "from tenants.migrate import prepare_schema, schema_is_current\n"
+        "async def main():\n"
+        "    engine = make_engine(sys.argv[1])\n"
+        "    time.sleep(max(0.0, float(sys.argv[2]) - time.time()))  # start together\n"
+        "    await prepare_schema(engine)\n"
+        "    assert await schema_is_current(engine)\n"
+        "    await engine.dispose()\n"
+        "asyncio.run(main())\n"
+    )
+    start = str(time.time() + 3.0)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, url, start], cwd=REPO, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, "\n".join(errors)
