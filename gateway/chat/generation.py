@@ -9,6 +9,7 @@ whether it completes, the last ``max(len(stop)) - 1`` characters are held back::
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,10 @@ class StopMatcher:
         out, self._buffer = self._buffer, ""
         return out
 
+    @property
+    def active(self) -> bool:
+        return bool(self._stops)
+
 
 @dataclass
 class GenerationStats:
@@ -47,7 +52,8 @@ class GenerationStats:
     completion_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: str | None = None
-    first_token_at: float | None = None  # time.monotonic() when the first text was ready
+    # time.monotonic() when the first text (``text``) or tokens (``full_text``) were ready
+    first_token_at: float | None = None
     last_token_at: float | None = None
     engine_metrics: RequestMetrics | None = None
 
@@ -116,19 +122,50 @@ class Generation:
         if self.stats.finish_reason == "stop_string":
             self.stats.finish_reason = "stop"
 
-    def _consume(self, out: RequestOutput, detok: Any) -> tuple[str, bool]:
+    async def full_text(self) -> str:
+        """The whole completion, for a non-streaming answer.
+
+        Without stop strings to watch, the tokens are detokenized once at the end instead of
+        at every engine step: the same text (the incremental detokenizer only emits text that
+        later tokens cannot change), and the per-step work on the event loop, which competes
+        with the engine thread for the GIL while it computes the next step, is bookkeeping.
+        """
+        if self._stops.active:
+            async with contextlib.aclosing(self.text()) as deltas:
+                return "".join([delta async for delta in deltas])
+        assert self._stream is not None and self._first is not None, "start() first"
+        out: RequestOutput | None = self._first
+        last = out
+        try:
+            while out is not None:
+                last = out
+                self._record(out)
+                if out.new_token_ids:
+                    self._mark_token_time()
+                if out.finished:
+                    break
+                out = await anext(self._stream, None)
+        finally:
+            await self.close()
+        detok = make_detokenizer(self._tokenizer)
+        return detok.push(list(last.token_ids)) + detok.flush()
+
+    def _record(self, out: RequestOutput) -> None:
         s = self.stats
         s.completion_tokens = len(out.token_ids)
         s.cached_tokens = out.num_cached_tokens
         s.engine_metrics = out.metrics
+        if out.finished:
+            s.finish_reason = "length" if out.finish_reason == "length" else "stop"
+
+    def _consume(self, out: RequestOutput, detok: Any) -> tuple[str, bool]:
+        self._record(out)
         text = detok.push(list(out.new_token_ids))
         if out.finished:
             text += detok.flush()
         delta, stopped = self._stops.feed(text)
         if stopped:
-            s.finish_reason = "stop_string"
-        elif out.finished:
-            s.finish_reason = "length" if out.finish_reason == "length" else "stop"
+            self.stats.finish_reason = "stop_string"
         return delta, stopped
 
     def _mark_token_time(self) -> None:

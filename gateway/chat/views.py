@@ -245,13 +245,10 @@ def rate_limit_error(decision: Decision) -> ApiError:
 async def _complete(
     request: web.Request, gen: Generation, body: ChatRequest, rid: str, headers: dict[str, str]
 ) -> web.Response:
-    parts: list[str] = []
-    async with contextlib.aclosing(gen.text()) as deltas:
-        async for delta in deltas:
-            parts.append(delta)
+    text = await gen.full_text()
     s = gen.stats
     usage = usage_body(s.prompt_tokens, s.completion_tokens, s.cached_tokens)
-    out = completion_body(rid, body.model, "".join(parts), s.finish_reason or "stop", usage)
+    out = completion_body(rid, body.model, text, s.finish_reason or "stop", usage)
     resp = web.json_response(out, headers=headers)
     # Sent now, so the limiter release in ``finally`` is not on the client's critical path.
     await resp.prepare(request)
