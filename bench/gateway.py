@@ -8,9 +8,12 @@ Side by side in one run, interleaved request by request (so machine noise hits b
 
 Same tenant, same prompt tokens, same pinned prefix, same greedy output length. The added
 latency is the median of per-pair differences (gateway - direct) in each repeat; reported as
-the median over repeats with the min-max spread. Redis commands per request are counted with
-MONITOR on a private redis-server (script-internal commands excluded): the target is exactly
-one EVALSHA at admission (plus one at release, after the response).
+the median over repeats with the min-max spread. After each request the bench lets the event loop
+finish what that request left behind (the gateway's limiter release, metrics and aiohttp
+bookkeeping run after the response is sent) before timing the next one: a remote client never
+waits for that work, and otherwise the next direct request would pay for it. Redis commands per
+request are counted with MONITOR on a private redis-server (script-internal commands excluded):
+the target is exactly one EVALSHA at admission (plus one at release, after the response).
 """
 
 from __future__ import annotations
@@ -91,20 +94,34 @@ async def _make_tenant(setup: _Setup, http: aiohttp.ClientSession, tenant_id: st
 
 
 async def _direct(engine: Any, setup: _Setup, params: Any) -> float:
+    tasks = len(asyncio.all_tasks())
     t0 = time.perf_counter()
     async for _ in engine.generate(setup.prompt_ids, params, namespace=setup.salt):
         pass
-    return time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0
+    await _settle(tasks)
+    return elapsed
 
 
 async def _via_gateway(http: aiohttp.ClientSession, setup: _Setup, body: dict[str, Any]) -> float:
+    tasks = len(asyncio.all_tasks())
     t0 = time.perf_counter()
     hdrs = {"Authorization": f"Bearer {setup.key}"}
     async with http.post(f"{setup.url}/v1/chat/completions", json=body, headers=hdrs) as r:
         data = await r.json()
     elapsed = time.perf_counter() - t0
     assert r.status == 200, data
+    await _settle(tasks)
     return elapsed
+
+
+async def _settle(tasks: int, limit_s: float = 0.5) -> None:
+    """Run the event loop until the tasks a request started (the server's handler, its
+    shielded clean-up) are done, then once more; ``tasks``: the count before the request."""
+    deadline = time.monotonic() + limit_s
+    while len(asyncio.all_tasks()) > tasks and time.monotonic() < deadline:
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)
 
 
 async def _measure(
