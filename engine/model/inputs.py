@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.batch import ScheduledBatch, ScheduledSeq
@@ -27,8 +28,9 @@ class StepInputs:
     sampled_seqs: tuple[int, ...]  # batch indices of those requests, same order
 
 
-def _checked_table(seq: ScheduledSeq, block_size: int, num_blocks: int, max_len: int) -> list[int]:
-    """The blocks of ``seq.block_table`` that cover its tokens, after checking the request."""
+def _checked_table(seq: ScheduledSeq, block_size: int, max_len: int) -> list[int]:
+    """The blocks of ``seq.block_table`` that cover its tokens, after checking the request (block
+    id bounds are checked on the whole padded array, see ``_check_block_ids``)."""
     need = (seq.end_pos + block_size - 1) // block_size
     if not seq.token_ids:
         raise ValueError(f"request {seq.request_id}: no tokens scheduled")
@@ -39,11 +41,7 @@ def _checked_table(seq: ScheduledSeq, block_size: int, num_blocks: int, max_len:
             f"request {seq.request_id}: block table has {len(seq.block_table)} blocks, "
             f"{need} needed for {seq.end_pos} tokens"
         )
-    table = list(seq.block_table[:need])
-    if min(table) < 0 or max(table) >= num_blocks:  # C-level scan; the slow listing on error only
-        bad = [b for b in table if not 0 <= b < num_blocks]
-        raise ValueError(f"request {seq.request_id}: block ids {bad} outside 0..{num_blocks - 1}")
-    return table
+    return list(seq.block_table[:need])
 
 
 def shared_prefix_blocks(tables: Sequence[Sequence[int]], contexts: Sequence[int], bs: int) -> int:
@@ -69,6 +67,25 @@ def slots_of(table: Sequence[int], start: int, end: int, block_size: int) -> lis
     return slots
 
 
+def _padded_tables(tables: Sequence[Sequence[int]]) -> torch.Tensor:
+    """int32 [len(tables), longest], zero-padded; filled row by row from the lists (C loops)."""
+    out = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
+    for row, table in zip(out, tables, strict=True):
+        row[: len(table)] = table
+    return torch.from_numpy(out)
+
+
+def _check_block_ids(padded: torch.Tensor, batch: ScheduledBatch, num_blocks: int) -> None:
+    """One vectorized bounds check per step (padding is 0, a valid id); the listing on error."""
+    if int(padded.min()) >= 0 and int(padded.max()) < num_blocks:
+        return
+    for seq, row in zip(batch.seqs, padded.tolist(), strict=True):
+        bad = [b for b in row if not 0 <= b < num_blocks]
+        if bad:
+            ids = f"block ids {bad} outside 0..{num_blocks - 1}"
+            raise ValueError(f"request {seq.request_id}: {ids}")
+
+
 def build_step_inputs(
     batch: ScheduledBatch, block_size: int, num_blocks: int, max_len: int, device: torch.device
 ) -> StepInputs:
@@ -79,7 +96,7 @@ def build_step_inputs(
     logits_rows: list[int] = []
     sampled: list[int] = []
     for i, seq in enumerate(batch.seqs):
-        table = _checked_table(seq, block_size, num_blocks, max_len)
+        table = _checked_table(seq, block_size, max_len)
         ids.extend(seq.token_ids)
         positions.extend(range(seq.start_pos, seq.end_pos))
         slots.extend(slots_of(table, seq.start_pos, seq.end_pos, block_size))
@@ -90,8 +107,8 @@ def build_step_inputs(
         if seq.sample:
             logits_rows.append(len(ids) - 1)
             sampled.append(i)
-    width = max(len(t) for t in tables)
-    padded = [t + [0] * (width - len(t)) for t in tables]
+    block_tables = _padded_tables(tables)
+    _check_block_ids(block_tables, batch, num_blocks)
 
     def i32(values: list[int] | list[list[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
@@ -100,7 +117,7 @@ def build_step_inputs(
         query_start_loc=i32(starts),
         context_lens=i32(contexts),
         seq_lens=i32(seq_lens),
-        block_tables=i32(padded),
+        block_tables=block_tables.to(device),
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         max_query_len=max(len(s.token_ids) for s in batch.seqs),
         max_seq_len=max(seq_lens),
