@@ -311,6 +311,7 @@ def main(argv: Sequence[str]) -> int:
         "repeats": args.repeats,
         "max_tokens": args.max_tokens,
         "client": "aiohttp on loopback, same event loop as the server, keep-alive",
+        "between requests": "event loop settled (post-response work timed by neither side)",
         "logging": "level warning (no per-request log line)",
         "threads": os.environ.get("OMP_NUM_THREADS", "default"),
         "cpu_count": os.cpu_count(),
