@@ -2,7 +2,7 @@
 
 CPU, float32, in order of preference, each checked once against ``F.linear`` on a probe:
 
-- x86 with AVX-512: kvgate's packed-panel GEMM (``engine/kernels/cpu/gemm.py``);
+- x86 with AVX-512 or AVX2: kvgate's packed-panel GEMM (``engine/kernels/cpu/gemm.py``);
 - oneDNN's prepacked linear (the one torch's CPU compiler uses);
 - ``F.linear``, which goes through MKL's transposed-B path: slower at every row count measured
   (oneDNN was 1.3-2x faster up to 128 rows, 1.1-1.2x above, 2.5x for the LM head at 8 rows).
@@ -38,11 +38,12 @@ def _agrees(fn: MatMul, weight: torch.Tensor, bias: torch.Tensor | None) -> bool
 
 
 def _panel_gemm(weight: torch.Tensor, bias: torch.Tensor | None) -> MatMul | None:
-    if not gemm.available():
+    kernel = gemm.load()
+    if kernel is None:
         return None
-    packed, n = gemm.pack(weight), weight.shape[0]
+    packed, n = kernel.pack(weight), weight.shape[0]
     bias = None if bias is None else bias.contiguous()
-    return lambda x: gemm.matmul(x, packed, n, bias)
+    return lambda x: kernel.matmul(x, packed, n, bias)
 
 
 def _onednn(weight: torch.Tensor, bias: torch.Tensor | None) -> MatMul | None:
