@@ -3,8 +3,13 @@
 ```python
 store_kv(key, value, k_cache, v_cache, slot_mapping)       # key/value [T, Hkv, D]
 paged_attention(q, k_cache, v_cache, meta, scale) -> out   # q/out [T, Hq, D]
+rms_norm(x, weight, eps[, residual]) -> out | (out, sum)   # x [rows, hidden]
+rope_store_kv(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
 ```
-The Triton kernels are imported only when a CUDA tensor arrives (no import-time side effects, and
+``rms_norm`` with ``residual`` normalises ``residual + x`` and also returns that sum (``residual``
+may be overwritten with it); ``rope_store_kv`` rotates q in place and writes rotated k and v into
+the cache (k itself may be left unrotated). The Triton kernels are imported only when a CUDA
+tensor arrives (no import-time side effects, and
 CPU-only installs never touch Triton). CUDA tensors go to ``engine.kernels.triton``: its
 ``store_kv``, and its ``paged_attention``, which picks per batch cascade attention (requests share
 ``meta.num_shared_blocks`` leading blocks and ``use_cascade`` says it pays), decode attention
@@ -13,7 +18,6 @@ CPU-only installs never touch Triton). CUDA tensors go to ``engine.kernels.trito
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -22,15 +26,20 @@ import torch
 from engine.kernels import reference
 from engine.kernels.metadata import AttentionMetadata
 
-__all__ = ["AttentionMetadata", "paged_attention", "store_kv"]
+__all__ = ["AttentionMetadata", "paged_attention", "rms_norm", "rope_store_kv", "store_kv"]
 
 
 @cache
-def _cuda_ops() -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """(store_kv, paged_attention) for CUDA tensors: the Triton kernels, imported on first use."""
+def _triton() -> Any:
+    """The Triton kernels (``engine.kernels.triton``), imported on first use."""
     from engine.kernels import triton as triton_ops
 
-    return triton_ops.store_kv, triton_ops.paged_attention
+    return triton_ops
+
+
+def _on_triton(t: torch.Tensor) -> bool:
+    """Whether ``t``'s op runs as a Triton kernel (tests route CPU tensors there, interpreted)."""
+    return t.is_cuda
 
 
 def store_kv(
@@ -41,8 +50,8 @@ def store_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Write new K/V [T, Hkv, D] into their cache slots (flat ``block_id * block_size + off``)."""
-    if key.is_cuda:
-        _cuda_ops()[0](key, value, k_cache, v_cache, slot_mapping)
+    if _on_triton(key):
+        _triton().store_kv(key, value, k_cache, v_cache, slot_mapping)
     else:
         reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
@@ -55,6 +64,31 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] through the block tables; returns [T, Hq, D]."""
-    if q.is_cuda:
-        return _cuda_ops()[1](q, k_cache, v_cache, meta, scale)
+    if _on_triton(q):
+        return _triton().paged_attention(q, k_cache, v_cache, meta, scale)
     return reference.paged_attention(q, k_cache, v_cache, meta, scale)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of x [rows, hidden]; with ``residual``, of ``residual + x``: (normed, sum)."""
+    ops = _triton() if _on_triton(x) else reference
+    return ops.rms_norm(x, weight, eps, residual)
+
+
+def rope_store_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Rotary embedding of q (in place) and k by ``cos/sin[positions]``; rotated k and v [T, Hkv,
+    D] written into their cache slots, all before any attention of the layer reads the cache."""
+    ops = _triton() if _on_triton(q) else reference
+    ops.rope_store_kv(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)

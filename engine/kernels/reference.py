@@ -31,6 +31,43 @@ def store_kv(
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of x [rows, hidden]; with ``residual``, of ``residual + x``, returning (normed,
+    sum). The sum is accumulated into ``residual`` in place (the caller's own buffer)."""
+    h = x if residual is None else residual.add_(x)
+    if h.dtype == torch.float32:
+        normed = F.rms_norm(h, (h.shape[-1],), weight, eps)
+    else:  # half precision: normalise in float32 and cast back before the weight, as HF does
+        hf = h.float()
+        normed = weight * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
+    return normed if residual is None else (normed, h)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_store_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Rotate q [T, Hq, D] in place by ``cos/sin[positions]`` (HF ``rotate_half`` layout, in the
+    model dtype as HF does); write rotated k and v [T, Hkv, D] into their cache slots."""
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # [T, 1, D]
+    q.copy_(q * c + _rotate_half(q) * s)
+    store_kv(k * c + _rotate_half(k) * s, v, k_cache, v_cache, slot_mapping)
+
+
 def _gather(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
     """[length, Hkv, D] of one request's K or V, read through its block ids."""
     return cache.index_select(0, blocks).flatten(0, 1)[:length]

@@ -11,27 +11,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import paged_attention, store_kv
+from engine.kernels import paged_attention, rms_norm, rope_store_kv
 from engine.kernels.metadata import AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.model.linear import Linear
 from engine.model.loader import LayerWeights, ModelWeights
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hkv, D]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    # Half precision: normalise in float32 and cast back before the weight, as HF does.
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class _Layer:
@@ -59,7 +45,7 @@ class Decoder:
         self.lm_head = Linear(weights.lm_head)
         self.layers = [_Layer(w, cfg) for w in weights.layers]
         self.scale = cfg.head_dim**-0.5
-        # cos/sin per absolute position, computed in float32 as HF does, then cast.
+        # cos/sin tables [max_position, D], computed in float32 as HF does, then cast.
         inv_freq = cfg.rope.inv_freq(cfg.head_dim)
         pos = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
         freqs = torch.outer(pos, inv_freq)
@@ -77,39 +63,45 @@ class Decoder:
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """input_ids/positions [T] -> float32 logits [len(logits_indices), V]."""
-        x = F.embedding(input_ids, self.embed)
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1)
+        x = F.embedding(input_ids, self.embed)  # the residual stream; this forward's own buffer
+        delta: torch.Tensor | None = None  # the last MLP output, added by the next norm
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x = self._layer(layer, x, cos, sin, meta, k_cache, v_cache)
+            x, delta = self._layer(layer, x, delta, positions, meta, k_cache, v_cache)
         x = x.index_select(0, logits_indices)
-        x = rms_norm(x, self.norm, self.cfg.rms_norm_eps)
-        return self.lm_head(x).float()
+        if delta is None:  # no layers
+            return self.lm_head(rms_norm(x, self.norm, self.cfg.rms_norm_eps)).float()
+        normed, _ = rms_norm(
+            delta.index_select(0, logits_indices), self.norm, self.cfg.rms_norm_eps, residual=x
+        )
+        return self.lm_head(normed).float()
 
     def _layer(
         self,
         layer: _Layer,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        delta: torch.Tensor | None,
+        positions: torch.Tensor,
         meta: AttentionMetadata,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual stream, pending delta) -> the same after this layer. Each residual add is
+        fused into the RMSNorm that follows it."""
         t = x.shape[0]
         hq, hkv, d = layer.heads
-        h = rms_norm(x, layer.input_norm, layer.eps)
+        if delta is None:
+            h = rms_norm(x, layer.input_norm, layer.eps)
+        else:
+            h, x = rms_norm(delta, layer.input_norm, layer.eps, residual=x)
         qkv = layer.qkv(h)
-        # RoPE on q and k heads together: [T, Hq + Hkv, D] in one pass.
-        qk = qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d)
-        qk = qk * cos + _rotate_half(qk) * sin
-        q, k = qk[:, :hq].contiguous(), qk[:, hq:].contiguous()  # kernels take dense [T, H, D]
+        q = qkv[:, : hq * d].view(t, hq, d)
+        k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
         v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
         # All new K/V of the batch land in the cache before any request's attention reads it.
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        attn = paged_attention(q, k_cache, v_cache, meta, self.scale)
-        x.add_(layer.o_proj(attn.reshape(t, hq * d)))  # x is this forward's own buffer
-        h = rms_norm(x, layer.post_norm, layer.eps)
+        rope_store_kv(q, k, v, positions, self.cos, self.sin, k_cache, v_cache, meta.slot_mapping)
+        attn = paged_attention(q.contiguous(), k_cache, v_cache, meta, self.scale)
+        out = layer.o_proj(attn.reshape(t, hq * d))
+        h, x = rms_norm(out, layer.post_norm, layer.eps, residual=x)
         gate, up = layer.gate_up(h).split((layer.inter, layer.inter), dim=-1)
         act = F.silu(gate, inplace=True).mul_(up)  # in place: the fused output is a temporary
-        return x.add_(layer.down(act))
+        return x, layer.down(act)

@@ -64,4 +64,7 @@ def test_dispatch_point_routes_cuda_tensors_to_these_kernels():
     import engine.kernels
     import engine.kernels.triton as triton_ops
 
-    assert engine.kernels._cuda_ops() == (triton_ops.store_kv, triton_ops.paged_attention)
+    assert engine.kernels._triton() is triton_ops
+    assert engine.kernels._on_triton(torch.empty(1, device="meta")) is False
+    for name in ("store_kv", "paged_attention", "rms_norm", "rope_store_kv"):
+        assert callable(getattr(triton_ops, name))
