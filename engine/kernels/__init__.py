@@ -90,5 +90,7 @@ def rope_store_kv(
 ) -> None:
     """Rotary embedding of q (in place) and k by ``cos/sin[positions]``; rotated k and v [T, Hkv,
     D] written into their cache slots, all before any attention of the layer reads the cache."""
-    ops = _triton() if _on_triton(q) else reference
+    head_dim = q.shape[-1]
+    fused = _on_triton(q) and head_dim >= 16 and head_dim & (head_dim - 1) == 0  # kernel's tiles
+    ops = _triton() if fused else reference
     ops.rope_store_kv(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
