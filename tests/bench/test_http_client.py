@@ -1,0 +1,61 @@
+"""The benchmarks' minimal HTTP/1.1 client against a real aiohttp server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from bench.http_client import RawHttpClient
+
+
+async def _echo(request: web.Request) -> web.Response:
+    body = await request.json()
+    return web.json_response({"got": body, "auth": request.headers.get("Authorization")})
+
+
+async def _chunked(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse()
+    resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    await resp.write(b"{}")
+    await resp.write_eof()
+    return resp
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[str, int]]:
+    app = web.Application()
+    app.router.add_post("/echo", _echo)
+    app.router.add_post("/chunked", _chunked)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    yield host, port
+    await runner.cleanup()
+
+
+async def test_posts_json_on_one_kept_alive_connection(server: tuple[str, int]) -> None:
+    client = RawHttpClient(*server)
+    try:
+        writers = set()
+        for i in range(3):
+            body = {"n": i, "text": "héllo"}
+            status, data = await client.post_json("/echo", body, {"Authorization": "Bearer k"})
+            assert (status, data) == (200, {"got": body, "auth": "Bearer k"})
+            writers.add(id(client._writer))
+        assert len(writers) == 1  # one connection, kept alive
+    finally:
+        await client.close()
+
+
+async def test_chunked_response_is_refused(server: tuple[str, int]) -> None:
+    client = RawHttpClient(*server)
+    try:
+        with pytest.raises(RuntimeError, match="Content-Length"):
+            await client.post_json("/chunked", {}, {})
+    finally:
+        await client.close()
