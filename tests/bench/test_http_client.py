@@ -8,6 +8,7 @@ import pytest
 from aiohttp import web
 
 from bench.http_client import RawHttpClient
+from tests.loopback import serve_on_loopback
 
 
 async def _echo(request: web.Request) -> web.Response:
@@ -29,13 +30,8 @@ async def server() -> AsyncIterator[tuple[str, int]]:
     app = web.Application()
     app.router.add_post("/echo", _echo)
     app.router.add_post("/chunked", _chunked)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    yield host, port
-    await runner.cleanup()
+    async with serve_on_loopback(app) as address:
+        yield address
 
 
 async def test_posts_json_on_one_kept_alive_connection(server: tuple[str, int]) -> None:

@@ -14,6 +14,7 @@ from gateway.context import SETTINGS
 from gateway.settings import TelemetrySettings
 from gateway.telemetry import GatewayMetrics, make_tracer_provider
 from tests.gateway.harness import live_gateway, make_settings
+from tests.loopback import serve_on_loopback
 
 SYSTEM = "You are a careful assistant for the Telemetry team. Keep answers short. " * 3
 SECRET_QUESTION = "my-private-question-text"
@@ -120,15 +121,11 @@ async def test_otlp_export_when_endpoint_is_set() -> None:
 
     app = web.Application()
     app.router.add_post("/v1/traces", collect)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    provider = make_tracer_provider(TelemetrySettings("info", True, "svc", f"http://{host}:{port}"))
-    with provider.get_tracer("t").start_as_current_span("chat demo"):
-        pass
-    await asyncio.to_thread(provider.force_flush)
-    await asyncio.to_thread(provider.shutdown)
-    await runner.cleanup()
+    async with serve_on_loopback(app) as (host, port):
+        endpoint = f"http://{host}:{port}"
+        provider = make_tracer_provider(TelemetrySettings("info", True, "svc", endpoint))
+        with provider.get_tracer("t").start_as_current_span("chat demo"):
+            pass
+        await asyncio.to_thread(provider.force_flush)
+        await asyncio.to_thread(provider.shutdown)
     assert received and b"chat demo" in received[0]
