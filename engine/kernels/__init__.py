@@ -9,9 +9,9 @@ rope_store_kv(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
 ``rms_norm`` with ``residual`` normalises ``residual + x`` and also returns that sum (``residual``
 may be overwritten with it); ``rope_store_kv`` rotates q in place and writes rotated k and v into
 the cache (k itself may be left unrotated). The Triton kernels are imported only when a CUDA
-tensor arrives (no import-time side effects, and
-CPU-only installs never touch Triton). CUDA tensors go to ``engine.kernels.triton``: its
-``store_kv``, and its ``paged_attention``, which picks per batch cascade attention (requests share
+tensor arrives (no import-time side effects, and CPU-only installs never touch Triton). CUDA
+tensors go to ``engine.kernels.triton``: its ``store_kv``, ``rms_norm``, ``rope_store_kv``, and its
+``paged_attention``, which picks per batch cascade attention (requests share
 ``meta.num_shared_blocks`` leading blocks and ``use_cascade`` says it pays), decode attention
 (``meta.is_decode_only``) or extend attention (everything else).
 """
@@ -90,7 +90,6 @@ def rope_store_kv(
 ) -> None:
     """Rotary embedding of q (in place) and k by ``cos/sin[positions]``; rotated k and v [T, Hkv,
     D] written into their cache slots, all before any attention of the layer reads the cache."""
-    head_dim = q.shape[-1]
-    fused = _on_triton(q) and head_dim >= 16 and head_dim & (head_dim - 1) == 0  # kernel's tiles
-    ops = _triton() if fused else reference
+    fused = _on_triton(q) and _triton().rope_supports(q.shape[-1])
+    ops = _triton() if fused else reference  # head dims the kernel does not tile: torch RoPE
     ops.rope_store_kv(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)

@@ -110,7 +110,7 @@ def build_step_inputs(
     block_tables = _padded_tables(tables)
     _check_block_ids(block_tables, batch, num_blocks)
 
-    def i32(values: list[int] | list[list[int]]) -> torch.Tensor:
+    def i32(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
 
     meta = AttentionMetadata(

@@ -13,6 +13,7 @@ from engine.kernels.triton.decode import decode_attention
 from engine.kernels.triton.norm import rms_norm
 from engine.kernels.triton.prefill import extend_attention
 from engine.kernels.triton.rope import rope, rope_store_kv
+from engine.kernels.triton.rope import supports as rope_supports
 from engine.kernels.triton.store_kv import store_kv
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "rms_norm",
     "rope",
     "rope_store_kv",
+    "rope_supports",
     "store_kv",
     "use_cascade",
 ]

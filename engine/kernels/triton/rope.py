@@ -83,13 +83,18 @@ def _rope_kernel(
         tl.store(k_row + HALF, k2_out, mask=k_ok)
 
 
+def supports(head_dim: int) -> bool:
+    """Head dims the kernel tiles: powers of two from 16."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
+
+
 def _check(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> None:
     if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
         raise ValueError(f"q/k must be [T, H, D] with equal T and D: {q.shape}, {k.shape}")
     head_dim = q.shape[2]
-    if head_dim < 16 or head_dim & (head_dim - 1) or q.stride(2) != 1 or k.stride(2) != 1:
+    if not supports(head_dim) or q.stride(2) != 1 or k.stride(2) != 1:
         raise ValueError(f"head_dim must be a power of two >= 16 and contiguous, got {head_dim}")
     if q.dtype != k.dtype or cos.dtype != sin.dtype:
         raise ValueError(f"q/k dtypes {q.dtype}/{k.dtype}, cos/sin {cos.dtype}/{sin.dtype}")
