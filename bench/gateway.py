@@ -31,7 +31,7 @@ import platform
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,37 +100,41 @@ async def _make_tenant(setup: _Setup, http: aiohttp.ClientSession, tenant_id: st
     )
 
 
-async def _direct(engine: Any, setup: _Setup, params: Any) -> float:
+async def _timed(request: Callable[[], Awaitable[None]]) -> float:
+    """Seconds ``request()`` takes; then the event loop settles (see ``_settle``)."""
     tasks = len(asyncio.all_tasks())
     t0 = time.perf_counter()
-    async for _ in engine.generate(setup.prompt_ids, params, namespace=setup.salt):
-        pass
+    await request()
     elapsed = time.perf_counter() - t0
     await _settle(tasks)
     return elapsed
+
+
+async def _direct(engine: Any, setup: _Setup, params: Any) -> float:
+    async def request() -> None:
+        async for _ in engine.generate(setup.prompt_ids, params, namespace=setup.salt):
+            pass
+
+    return await _timed(request)
 
 
 async def _via_gateway(http: aiohttp.ClientSession, setup: _Setup, body: dict[str, Any]) -> float:
-    tasks = len(asyncio.all_tasks())
-    t0 = time.perf_counter()
-    hdrs = {"Authorization": f"Bearer {setup.key}"}
-    async with http.post(f"{setup.url}/v1/chat/completions", json=body, headers=hdrs) as r:
-        data = await r.json()
-    elapsed = time.perf_counter() - t0
-    assert r.status == 200, data
-    await _settle(tasks)
-    return elapsed
+    async def request() -> None:
+        hdrs = {"Authorization": f"Bearer {setup.key}"}
+        async with http.post(f"{setup.url}/v1/chat/completions", json=body, headers=hdrs) as r:
+            data = await r.json()
+        assert r.status == 200, data
+
+    return await _timed(request)
 
 
 async def _via_raw(client: RawHttpClient, setup: _Setup, body: dict[str, Any]) -> float:
-    tasks = len(asyncio.all_tasks())
-    t0 = time.perf_counter()
-    hdrs = {"Authorization": f"Bearer {setup.key}"}
-    status, data = await client.post_json("/v1/chat/completions", body, hdrs)
-    elapsed = time.perf_counter() - t0
-    assert status == 200, data
-    await _settle(tasks)
-    return elapsed
+    async def request() -> None:
+        hdrs = {"Authorization": f"Bearer {setup.key}"}
+        status, data = await client.post_json("/v1/chat/completions", body, hdrs)
+        assert status == 200, data
+
+    return await _timed(request)
 
 
 async def _settle(tasks: int, limit_s: float = 0.5) -> None:
