@@ -40,6 +40,16 @@ class RequestMetrics:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """Log-probability of one generated token and the ``k`` most likely alternatives at its
+    position (raw model distribution), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """One update of a request.
 
@@ -57,3 +67,5 @@ class RequestOutput:
     finish_reason: FinishReason | None
     metrics: RequestMetrics
     error: Exception | None = None  # set when the engine gave up on the request (finish "abort")
+    # One entry per ``new_token_ids`` entry when the request asked for logprobs, else None.
+    new_logprobs: tuple[TokenLogprob, ...] | None = None

@@ -82,6 +82,17 @@ class Tenant(Base):
     tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_output_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The embeddable widget (see migrations/versions/0002_wave2.py).
+    widget_title: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    widget_greeting: Mapped[str | None] = mapped_column(Text, nullable=True)
+    widget_accent: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    widget_require_session: Mapped[bool] = mapped_column(Boolean, default=False)
+    widget_session_secret: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    widget_allow_client_system: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Limits per end user of widget traffic (NULL: the gateway default).
+    visitor_rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    visitor_tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    visitor_max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class ApiKey(Base):
@@ -100,6 +111,10 @@ class ApiKey(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # The key's own limits, applied within the tenant's (NULL: only the tenant's apply).
+    rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class SystemPrompt(Base):

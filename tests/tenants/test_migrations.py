@@ -108,7 +108,7 @@ def test_alembic_command_line_from_another_cwd(tmp_path: Path) -> None:
     out = subprocess.run(
         [*alembic, "current"], cwd=tmp_path, env=env, capture_output=True, text=True
     )
-    assert out.returncode == 0 and "0001_initial (head)" in out.stdout, out.stderr
+    assert out.returncode == 0 and "0002_wave2 (head)" in out.stdout, out.stderr
 
 
 def test_concurrent_first_starts_on_one_sqlite_file(tmp_path: Path) -> None:
