@@ -35,6 +35,9 @@ def _invalid_key() -> ApiError:
 class Principal:
     identity: KeyIdentity
     runtime: TenantRuntime
+    # The end user behind a widget request: a session token's user, else None (the limiter then
+    # keys per-visitor limits on the client address).
+    end_user_id: str | None = None
 
 
 class KeyCache:
