@@ -29,6 +29,15 @@ class KeyNotFound(TenantStoreError):
         self.key_id = key_id
 
 
+class PromptVersionNotFound(TenantStoreError):
+    def __init__(self, tenant_id: str, version: int) -> None:
+        super().__init__(
+            f"tenant {tenant_id!r} has no system prompt version {version}", param="version"
+        )
+        self.tenant_id = tenant_id
+        self.version = version
+
+
 class TenantExists(TenantStoreError):
     def __init__(self, tenant_id: str) -> None:
         super().__init__(f"tenant {tenant_id!r} already exists", param="id")

@@ -2,9 +2,11 @@
 
 Invariants:
 - ``tenants.active_prompt_version`` is the one active system prompt of a tenant; it is NULL
-  (no prompt) or equals the highest ``system_prompts.version`` of that tenant. Set-prompt bumps
-  it with a single ``UPDATE ... RETURNING`` (a row lock on PostgreSQL, the write lock on SQLite),
-  so concurrent updates serialize and versions stay 1, 2, 3, ... without gaps or duplicates.
+  exactly when the tenant has no prompt, else any existing ``system_prompts.version`` of that
+  tenant (set-prompt makes the new, highest version active; activation makes any existing
+  version active: rollback or roll forward). Both first claim the tenant row with an
+  ``UPDATE ... RETURNING`` (a row lock on PostgreSQL, the write lock on SQLite), so concurrent
+  changes serialize and versions stay 1, 2, 3, ... without gaps or duplicates.
 - ``api_keys`` holds the public prefix and the SHA-256 of the full key, never the key itself.
 - ``tenants.cache_salt`` is a secret engine namespace; no API response or log contains it.
 """

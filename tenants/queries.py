@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from tenants.errors import InvalidField, TenantNotFound
+from tenants.errors import InvalidField, PromptVersionNotFound, TenantNotFound
 from tenants.models import TENANT_STATUSES, ApiKey, AuditLog, SystemPrompt, Tenant
 from tenants.schemas import (
     AuditOut,
@@ -83,27 +83,51 @@ async def list_tenants(
     return TenantPage(data=[tenant_out(t) for t in rows], next_cursor=rows[-1].id if more else None)
 
 
-async def list_prompts(session: AsyncSession, tenant_id: str) -> list[PromptOut]:
-    """Every prompt version of a tenant, newest first."""
+def _prompt_out(prompt: SystemPrompt, active_version: int | None) -> PromptOut:
+    return PromptOut(
+        version=prompt.version,
+        text=prompt.text,
+        sha256=prompt.sha256,
+        created_at=prompt.created_at,
+        created_by=prompt.created_by,
+        active=prompt.version == active_version,
+    )
+
+
+async def _existing_tenant(session: AsyncSession, tenant_id: str) -> Tenant:
     tenant = await session.get(Tenant, tenant_id)
     if tenant is None:
         raise TenantNotFound(tenant_id)
+    return tenant
+
+
+async def list_prompts(session: AsyncSession, tenant_id: str) -> list[PromptOut]:
+    """Every prompt version of a tenant, newest first."""
+    tenant = await _existing_tenant(session, tenant_id)
     rows = await session.scalars(
         select(SystemPrompt)
         .where(SystemPrompt.tenant_id == tenant_id)
         .order_by(SystemPrompt.version.desc())
     )
-    return [
-        PromptOut(
-            version=p.version,
-            text=p.text,
-            sha256=p.sha256,
-            created_at=p.created_at,
-            created_by=p.created_by,
-            active=p.version == tenant.active_prompt_version,
-        )
-        for p in rows
-    ]
+    return [_prompt_out(p, tenant.active_prompt_version) for p in rows]
+
+
+async def get_prompt(session: AsyncSession, tenant_id: str, version: int) -> PromptOut:
+    """One prompt version of a tenant (any status)."""
+    tenant = await _existing_tenant(session, tenant_id)
+    prompt = await session.get(SystemPrompt, (tenant_id, version))
+    if prompt is None:
+        raise PromptVersionNotFound(tenant_id, version)
+    return _prompt_out(prompt, tenant.active_prompt_version)
+
+
+async def list_keys(session: AsyncSession, tenant_id: str) -> list[KeyOut]:
+    """Every key of a tenant (revoked ones included), oldest first; never a secret."""
+    await _existing_tenant(session, tenant_id)
+    keys = await session.scalars(
+        select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at, ApiKey.id)
+    )
+    return [KeyOut.model_validate(k) for k in keys]
 
 
 async def list_audit(
@@ -139,8 +163,8 @@ def _audit_cursor(cursor: str) -> int:
 
 
 async def check_store_integrity(session: AsyncSession) -> None:
-    """Raise AssertionError unless every tenant's active prompt is its newest version and the
-    versions of each tenant are exactly 1..n."""
+    """Raise AssertionError unless the versions of each tenant are exactly 1..n and its active
+    version is one of them (NULL exactly when it has none)."""
     rows = await session.execute(
         select(
             Tenant.id,
@@ -152,5 +176,10 @@ async def check_store_integrity(session: AsyncSession) -> None:
         .group_by(Tenant.id, Tenant.active_prompt_version)
     )
     for tenant_id, active, count, newest in rows:
-        assert active == newest, f"{tenant_id}: active version {active}, newest {newest}"
         assert (newest or 0) == count, f"{tenant_id}: {count} versions, newest is {newest}"
+        if newest is None:
+            assert active is None, f"{tenant_id}: active version {active} but no versions"
+        else:
+            assert active is not None and 1 <= active <= newest, (
+                f"{tenant_id}: active version {active} not in 1..{newest}"
+            )

@@ -9,7 +9,14 @@ import re
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tenants.errors import InvalidField
 
@@ -51,6 +58,14 @@ class LimitsIn(_In):
     max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
 
 
+class KeyLimitsIn(_In):
+    """A key's own limits, applied within its tenant's (null: only the tenant's apply)."""
+
+    rpm: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
+    tpm: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
+    max_concurrency: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
+
+
 class TenantCreate(_In):
     id: str
     name: str = Field(min_length=1, max_length=200)
@@ -81,6 +96,7 @@ class PromptSet(_In):
 class KeyCreate(_In):
     kind: Literal["server", "widget"]
     allowed_origins: list[str] = Field(default_factory=list, max_length=50)
+    limits: KeyLimitsIn | None = None
 
     @field_validator("allowed_origins")
     @classmethod
@@ -102,6 +118,12 @@ class LimitsOut(_Out):
     max_output_tokens: int | None
 
 
+class KeyLimitsOut(_Out):
+    rpm: int | None
+    tpm: int | None
+    max_concurrency: int | None
+
+
 class KeyOut(_Out):
     id: str
     kind: str
@@ -110,6 +132,22 @@ class KeyOut(_Out):
     created_at: datetime
     revoked_at: datetime | None
     last_used_at: datetime | None
+    limits: KeyLimitsOut
+
+    @model_validator(mode="before")
+    @classmethod
+    def _limits_from_columns(cls, data: Any) -> Any:
+        # An ``ApiKey`` row keeps its limits in three columns; the API nests them.
+        if isinstance(data, dict) or hasattr(data, "limits"):
+            return data
+        fields = (*cls.model_fields.keys() - {"limits"},)
+        out = {name: getattr(data, name) for name in fields}
+        out["limits"] = {name: getattr(data, name) for name in KeyLimitsOut.model_fields}
+        return out
+
+
+class KeyList(_Out):
+    data: list[KeyOut]
 
 
 class KeyCreated(_Out):
@@ -117,6 +155,7 @@ class KeyCreated(_Out):
     kind: str
     prefix: str
     allowed_origins: list[str]
+    limits: KeyLimitsOut
     key: str  # the only time the key is ever returned
 
 
@@ -139,6 +178,24 @@ class PromptOut(_Out):
     created_at: datetime
     created_by: str
     active: bool
+
+
+class PromptList(_Out):
+    data: list[PromptOut]
+
+
+class PromptVersion(_Out):
+    """The answer of set-prompt: the new version, now active."""
+
+    version: int
+
+
+class PromptActivated(_Out):
+    """The answer of an activation: the version now active and the one it replaced."""
+
+    version: int
+    previous_version: int | None
+    changed: bool  # false when the version was already active (nothing was written)
 
 
 class AuditOut(_Out):

@@ -15,21 +15,31 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from tenants.errors import KeyNotFound, TenantDeleted, TenantExists, TenantNotFound
+from tenants.errors import (
+    KeyNotFound,
+    PromptVersionNotFound,
+    TenantDeleted,
+    TenantExists,
+    TenantNotFound,
+)
 from tenants.keys import generate_key
 from tenants.models import ApiKey, AuditLog, SystemPrompt, Tenant, utcnow
 from tenants.queries import tenant_out
 from tenants.schemas import (
     KeyCreate,
     KeyCreated,
+    KeyLimitsIn,
+    KeyLimitsOut,
     KeyOut,
     LimitsIn,
+    PromptActivated,
     TenantCreate,
     TenantOut,
     TenantPatch,
 )
 
 LIMIT_FIELDS = ("rpm", "tpm", "max_concurrency", "max_output_tokens")
+KEY_LIMIT_FIELDS = ("rpm", "tpm", "max_concurrency")
 
 
 def prompt_digest(text: str) -> dict[str, Any]:
@@ -133,26 +143,44 @@ def _prompt_row(tenant_id: str, version: int, text: str, actor: str) -> SystemPr
     )
 
 
+async def _claim_tenant_row(session: AsyncSession, tenant_id: str) -> None:
+    """The first write of a prompt change: an UPDATE of the tenant row, so concurrent changes
+    queue on that row (PostgreSQL) or on the database write lock (SQLite). Statements after it
+    see every change committed before it (a new snapshot per statement on PostgreSQL)."""
+    claimed = await session.scalar(
+        update(Tenant)
+        .where(Tenant.id == tenant_id, Tenant.status != "deleted")
+        .values(updated_at=utcnow())
+        .returning(Tenant.id)
+        .execution_options(synchronize_session=False)
+    )
+    if claimed is None:
+        await lock_tenant(session, tenant_id, allow_deleted=False)  # raises the right error
+        raise AssertionError("unreachable: tenant exists and is not deleted")
+
+
+async def _set_active_version(session: AsyncSession, tenant_id: str, version: int) -> None:
+    await session.execute(
+        update(Tenant)
+        .where(Tenant.id == tenant_id)
+        .values(active_prompt_version=version)
+        .execution_options(synchronize_session=False)
+    )
+
+
 async def set_system_prompt(session: AsyncSession, tenant_id: str, text: str, *, actor: str) -> int:
     """Add a prompt version and make it the active one; returns the new version.
 
-    The version is taken by one atomic UPDATE ... RETURNING on the tenant row, the first write
-    of the transaction: concurrent calls queue on that row (PostgreSQL) or on the database write
-    lock (SQLite), so each gets the next number and the last to commit is active.
+    The tenant row is claimed first (``_claim_tenant_row``): concurrent calls serialize, each
+    numbers its version after the newest committed one (which need not be the active one after
+    a rollback), and the last to commit is active.
     """
-    version = await session.scalar(
-        update(Tenant)
-        .where(Tenant.id == tenant_id, Tenant.status != "deleted")
-        .values(
-            active_prompt_version=func.coalesce(Tenant.active_prompt_version, 0) + 1,
-            updated_at=utcnow(),
-        )
-        .returning(Tenant.active_prompt_version)
-        .execution_options(synchronize_session=False)
+    await _claim_tenant_row(session, tenant_id)
+    newest = await session.scalar(
+        select(func.max(SystemPrompt.version)).where(SystemPrompt.tenant_id == tenant_id)
     )
-    if version is None:
-        await lock_tenant(session, tenant_id, allow_deleted=False)  # raises the right error
-        raise AssertionError("unreachable: tenant exists and is not deleted")
+    version = (newest or 0) + 1
+    await _set_active_version(session, tenant_id, version)
     session.add(_prompt_row(tenant_id, version, text, actor))
     await session.flush()
     await write_audit(
@@ -161,19 +189,42 @@ async def set_system_prompt(session: AsyncSession, tenant_id: str, text: str, *,
     return version
 
 
+async def activate_prompt(
+    session: AsyncSession, tenant_id: str, version: int, *, actor: str
+) -> PromptActivated:
+    """Make an existing version the active one (rollback or roll forward). Activating the
+    active version changes nothing and writes no audit row."""
+    await _claim_tenant_row(session, tenant_id)
+    prompt = await session.get(SystemPrompt, (tenant_id, version))
+    if prompt is None:
+        raise PromptVersionNotFound(tenant_id, version)
+    previous = await session.scalar(
+        select(Tenant.active_prompt_version).where(Tenant.id == tenant_id)
+    )
+    if previous == version:
+        return PromptActivated(version=version, previous_version=previous, changed=False)
+    await _set_active_version(session, tenant_id, version)
+    details = {"version": version, "previous_version": previous, **prompt_digest(prompt.text)}
+    await write_audit(session, actor, "prompt.activate", tenant_id, details)
+    return PromptActivated(version=version, previous_version=previous, changed=True)
+
+
 async def set_limits(
-    session: AsyncSession, tenant_id: str, limits: LimitsIn, *, actor: str
+    session: AsyncSession, tenant_id: str, limits: LimitsIn, *, actor: str, replace: bool = True
 ) -> TenantOut:
-    """Replace all four limits (an omitted or null field means "the default from settings")."""
+    """``replace``: set all four limits (an omitted or null field means "the default from
+    settings"); otherwise change only the fields ``limits`` was given (null included)."""
     tenant = await lock_tenant(session, tenant_id, allow_deleted=False)
     before = {name: getattr(tenant, name) for name in LIMIT_FIELDS}
-    for name in LIMIT_FIELDS:
+    names = (
+        LIMIT_FIELDS if replace else tuple(n for n in LIMIT_FIELDS if n in limits.model_fields_set)
+    )
+    for name in names:
         setattr(tenant, name, getattr(limits, name))
     tenant.updated_at = utcnow()
     await session.flush()
-    await write_audit(
-        session, actor, "limits.set", tenant_id, {"before": before, "after": limits.model_dump()}
-    )
+    after = {name: getattr(tenant, name) for name in LIMIT_FIELDS}
+    await write_audit(session, actor, "limits.set", tenant_id, {"before": before, "after": after})
     return tenant_out(tenant)
 
 
@@ -183,6 +234,7 @@ async def create_key(
     await lock_tenant(session, tenant_id, allow_deleted=False)
     new = generate_key()
     origins = list(data.allowed_origins)
+    limits = (data.limits or KeyLimitsIn()).model_dump()
     session.add(
         ApiKey(
             id=new.id,
@@ -192,24 +244,58 @@ async def create_key(
             secret_sha256=new.secret_sha256,
             allowed_origins=origins,
             created_at=utcnow(),
+            **limits,
         )
     )
     await session.flush()
-    details = {"key_id": new.id, "kind": data.kind, "prefix": new.prefix, "origins": origins}
+    details = {
+        "key_id": new.id,
+        "kind": data.kind,
+        "prefix": new.prefix,
+        "origins": origins,
+        "limits": limits,
+    }
     await write_audit(session, actor, "key.create", tenant_id, details)
     return KeyCreated(
-        id=new.id, kind=data.kind, prefix=new.prefix, allowed_origins=origins, key=new.key
+        id=new.id,
+        kind=data.kind,
+        prefix=new.prefix,
+        allowed_origins=origins,
+        limits=KeyLimitsOut(**limits),
+        key=new.key,
     )
 
 
-async def revoke_key(session: AsyncSession, tenant_id: str, key_id: str, *, actor: str) -> KeyOut:
-    """Revoke a key; idempotent (revoking a revoked key changes nothing, writes no audit row)."""
-    await lock_tenant(session, tenant_id, allow_deleted=True)
+async def _tenant_key(session: AsyncSession, tenant_id: str, key_id: str) -> ApiKey:
     key = await session.scalar(
         select(ApiKey).where(ApiKey.id == key_id, ApiKey.tenant_id == tenant_id)
     )
     if key is None:
         raise KeyNotFound(key_id)
+    return key
+
+
+async def set_key_limits(
+    session: AsyncSession, tenant_id: str, key_id: str, limits: KeyLimitsIn, *, actor: str
+) -> KeyOut:
+    """Replace a key's three limits (null: only the tenant's limit applies)."""
+    await lock_tenant(session, tenant_id, allow_deleted=False)
+    key = await _tenant_key(session, tenant_id, key_id)
+    before = {name: getattr(key, name) for name in KEY_LIMIT_FIELDS}
+    after = limits.model_dump()
+    if before != after:
+        for name, value in after.items():
+            setattr(key, name, value)
+        await session.flush()
+        details = {"key_id": key_id, "before": before, "after": after}
+        await write_audit(session, actor, "key.limits", tenant_id, details)
+    return KeyOut.model_validate(key)
+
+
+async def revoke_key(session: AsyncSession, tenant_id: str, key_id: str, *, actor: str) -> KeyOut:
+    """Revoke a key; idempotent (revoking a revoked key changes nothing, writes no audit row)."""
+    await lock_tenant(session, tenant_id, allow_deleted=True)
+    key = await _tenant_key(session, tenant_id, key_id)
     if key.revoked_at is None:
         key.revoked_at = utcnow()
         await session.flush()

@@ -28,8 +28,10 @@ from tenants.schemas import (
     AuditPage,
     KeyCreate,
     KeyCreated,
+    KeyLimitsIn,
     KeyOut,
     LimitsIn,
+    PromptActivated,
     PromptOut,
     TenantCreate,
     TenantOut,
@@ -124,9 +126,32 @@ class TenantStore:
         await self.bus.publish(TenantChanged(tenant_id, "prompt", version))
         return version
 
-    async def set_limits(self, tenant_id: str, limits: LimitsIn, *, actor: str) -> TenantOut:
-        out = await self._write(lambda s: service.set_limits(s, tenant_id, limits, actor=actor))
+    async def activate_prompt(self, tenant_id: str, version: int, *, actor: str) -> PromptActivated:
+        """Make an existing version active. The same event as set-prompt follows, so listeners
+        (the pin manager) pin the version first, then switch traffic, then unpin the old one."""
+        out = await self._write(
+            lambda s: service.activate_prompt(s, tenant_id, version, actor=actor)
+        )
+        if out.changed:
+            await self.bus.publish(TenantChanged(tenant_id, "prompt", version))
+        return out
+
+    async def set_limits(
+        self, tenant_id: str, limits: LimitsIn, *, actor: str, replace: bool = True
+    ) -> TenantOut:
+        out = await self._write(
+            lambda s: service.set_limits(s, tenant_id, limits, actor=actor, replace=replace)
+        )
         await self.bus.publish(TenantChanged(tenant_id, "limits", out.prompt_version))
+        return out
+
+    async def set_key_limits(
+        self, tenant_id: str, key_id: str, limits: KeyLimitsIn, *, actor: str
+    ) -> KeyOut:
+        out = await self._write(
+            lambda s: service.set_key_limits(s, tenant_id, key_id, limits, actor=actor)
+        )
+        await self.bus.publish(TenantChanged(tenant_id, "keys", None))
         return out
 
     async def create_key(self, tenant_id: str, data: KeyCreate, *, actor: str) -> KeyCreated:
@@ -152,6 +177,12 @@ class TenantStore:
 
     async def list_prompts(self, tenant_id: str) -> list[PromptOut]:
         return await self._read(lambda s: queries.list_prompts(s, tenant_id))
+
+    async def get_prompt(self, tenant_id: str, version: int) -> PromptOut:
+        return await self._read(lambda s: queries.get_prompt(s, tenant_id, version))
+
+    async def list_keys(self, tenant_id: str) -> list[KeyOut]:
+        return await self._read(lambda s: queries.list_keys(s, tenant_id))
 
     async def list_audit(
         self, *, tenant_id: str | None = None, limit: int = 50, cursor: str | None = None

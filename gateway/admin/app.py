@@ -2,9 +2,10 @@
 
 Routes (relative to ``ADMIN_PREFIX`` = ``/admin``; see docs of gateway/admin/views.py):
     POST/GET /v1/tenants, GET/PATCH/DELETE /v1/tenants/{id}, PUT /v1/tenants/{id}/system-prompt,
-    GET /v1/tenants/{id}/system-prompts, POST /v1/tenants/{id}/keys,
-    DELETE /v1/tenants/{id}/keys/{key_id}, PUT /v1/tenants/{id}/limits,
-    GET /v1/tenants/{id}/cache, GET /v1/audit
+    GET /v1/tenants/{id}/system-prompts, GET /v1/tenants/{id}/system-prompts/{version},
+    POST /v1/tenants/{id}/system-prompts/{version}/activate, POST/GET /v1/tenants/{id}/keys,
+    DELETE /v1/tenants/{id}/keys/{key_id}, PUT /v1/tenants/{id}/keys/{key_id}/limits,
+    PUT /v1/tenants/{id}/limits, GET /v1/tenants/{id}/cache, GET /v1/audit
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def register_tenant_errors() -> None:
     """Map tenant-store errors to HTTP (idempotent)."""
     register_error(te.TenantNotFound, 404, "not_found_error", "tenant_not_found")
     register_error(te.KeyNotFound, 404, "not_found_error", "key_not_found")
+    register_error(te.PromptVersionNotFound, 404, "not_found_error", "prompt_version_not_found")
     register_error(te.TenantExists, 409, "invalid_request_error", "tenant_exists")
     register_error(te.TenantDeleted, 409, "invalid_request_error", "tenant_deleted")
     register_error(te.InvalidField, 422, "invalid_request_error", "invalid_field")

@@ -18,7 +18,19 @@ from pydantic import BaseModel
 from gateway.admin.context import ADMIN_CONTEXT, AdminContext
 from gateway.errors import ApiError
 from tenants.errors import InvalidField, PromptTooLong
-from tenants.schemas import KeyCreate, LimitsIn, PromptSet, TenantCreate, TenantPatch, parse
+from tenants.schemas import (
+    MAX_LIMIT,
+    KeyCreate,
+    KeyLimitsIn,
+    KeyList,
+    LimitsIn,
+    PromptList,
+    PromptSet,
+    PromptVersion,
+    TenantCreate,
+    TenantPatch,
+    parse,
+)
 
 
 def _ctx(request: web.Request) -> AdminContext:
@@ -56,6 +68,15 @@ def _limit(request: web.Request) -> int:
         return int(raw)
     except ValueError:
         raise InvalidField("limit must be an integer", param="limit") from None
+
+
+def _version(request: web.Request) -> int:
+    """The ``{version}`` path segment: a prompt version is an integer in 1..2**31-1."""
+    raw = request.match_info["version"]
+    value = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 10 else 0
+    if not 1 <= value <= MAX_LIMIT:
+        raise InvalidField(f"version must be an integer from 1 to {MAX_LIMIT}", param="version")
+    return value
 
 
 def _check_prompt(request: web.Request, text: str, param: str) -> None:
@@ -105,12 +126,36 @@ async def set_prompt(request: web.Request) -> web.Response:
     version = await ctx.store.set_system_prompt(
         request.match_info["id"], data.text, actor=ctx.actor
     )
-    return _json({"version": version})
+    return _json(PromptVersion(version=version))
 
 
 async def list_prompts(request: web.Request) -> web.Response:
     prompts = await _ctx(request).store.list_prompts(request.match_info["id"])
-    return _json({"data": [p.model_dump(mode="json") for p in prompts]})
+    return _json(PromptList(data=prompts))
+
+
+async def get_prompt(request: web.Request) -> web.Response:
+    store = _ctx(request).store
+    return _json(await store.get_prompt(request.match_info["id"], _version(request)))
+
+
+async def activate_prompt(request: web.Request) -> web.Response:
+    """Rollback or roll forward to an existing version (no body)."""
+    ctx = _ctx(request)
+    tenant_id, version = request.match_info["id"], _version(request)
+    return _json(await ctx.store.activate_prompt(tenant_id, version, actor=ctx.actor))
+
+
+async def list_keys(request: web.Request) -> web.Response:
+    keys = await _ctx(request).store.list_keys(request.match_info["id"])
+    return _json(KeyList(data=keys))
+
+
+async def set_key_limits(request: web.Request) -> web.Response:
+    limits = parse(KeyLimitsIn, await _body(request))
+    ctx = _ctx(request)
+    tenant_id, key_id = request.match_info["id"], request.match_info["key_id"]
+    return _json(await ctx.store.set_key_limits(tenant_id, key_id, limits, actor=ctx.actor))
 
 
 async def create_key(request: web.Request) -> web.Response:
@@ -167,8 +212,12 @@ def add_routes(app: web.Application) -> None:
             web.delete(t, delete_tenant),
             web.put(f"{t}/system-prompt", set_prompt),
             web.get(f"{t}/system-prompts", list_prompts),
+            web.get(f"{t}/system-prompts/{{version}}", get_prompt),
+            web.post(f"{t}/system-prompts/{{version}}/activate", activate_prompt),
             web.post(f"{t}/keys", create_key),
+            web.get(f"{t}/keys", list_keys),
             web.delete(f"{t}/keys/{{key_id}}", revoke_key),
+            web.put(f"{t}/keys/{{key_id}}/limits", set_key_limits),
             web.put(f"{t}/limits", set_limits),
             web.get(f"{t}/cache", get_cache),
             web.get("/v1/audit", list_audit),

@@ -210,7 +210,7 @@ async def test_keys(api: TestClient, store: TenantStore) -> None:
     await call(api, "POST", "/tenants", 201, json={"id": "acme", "name": "Acme"})
     body = {"kind": "widget", "allowed_origins": ["https://shop.example"]}
     created = await call(api, "POST", "/tenants/acme/keys", 201, json=body)
-    assert set(created) == {"id", "key", "kind", "prefix", "allowed_origins"}
+    assert set(created) == {"id", "key", "kind", "prefix", "allowed_origins", "limits"}
     ident = await store.authenticate_key(created["key"])
     assert ident is not None and ident.kind == "widget"
     assert ident.allowed_origins == ("https://shop.example",)
