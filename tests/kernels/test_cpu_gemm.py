@@ -3,6 +3,7 @@ invariance, threads; and the fallbacks when it cannot be built or is turned off.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -138,3 +139,46 @@ def test_failed_build_falls_back_with_a_warning(
     with caplog.at_level(logging.WARNING, logger=gemm.__name__):
         assert gemm.load() is None
     assert "fall back" in caplog.text
+
+
+def _bad_inputs(kernel: gemm.PanelGemm):
+    x, w, b = _case(3, 40, 24, bias=True, seed=4)
+    packed = kernel.pack(w)
+    yield "float64 x", (x.double(), packed, 40, b), "float32"
+    yield "float64 bias", (x, packed, 40, b.double()), "float32"
+    yield "wrong K", (torch.randn(3, 16), packed, 40, b), "16 columns"
+    yield "1-D x", (x[0], packed, 40, b), r"\[m, k\]"
+    yield "non-contiguous packed", (x, packed.transpose(0, 1), 40, b), "24 columns|contiguous"
+    yield "packed of float64", (x, packed.double(), 40, b), "float32"
+    yield "short bias", (x, packed, 40, b[:39]), r"bias must be a contiguous \[40\]"
+    yield "strided bias", (x, packed, 40, torch.randn(80)[::2]), "contiguous"
+    yield "n past the panels", (x, packed, 40 + kernel.panel * 2, None), "panels"
+    yield "n of zero", (x, packed, 0, None), "panels"
+
+
+def test_bad_arguments_are_refused_before_the_call_into_c(kernel: gemm.PanelGemm) -> None:
+    calls: list[tuple] = []
+    probe = dataclasses.replace(kernel, lib=_RecordingLib(calls))
+    for name, (x, packed, n, bias), message in _bad_inputs(kernel):
+        with pytest.raises(ValueError, match=message):
+            probe.matmul(x, packed, n, bias)
+        assert calls == [], name
+    x, w, b = _case(3, 40, 24, bias=True, seed=4)
+    probe.matmul(x, kernel.pack(w), 40, b)  # the probe does record a valid call
+    assert len(calls) == 1
+
+
+class _RecordingLib:
+    """Stands in for the C library: records calls instead of running them."""
+
+    def __init__(self, calls: list[tuple]) -> None:
+        self.kvgate_gemm = lambda *args: calls.append(args)
+
+
+def test_a_non_contiguous_x_is_copied_not_misread(kernel: gemm.PanelGemm) -> None:
+    x, w, b = _case(6, 40, 48, bias=True, seed=5)
+    strided = x[:, ::2]  # [6, 24] with a column stride of 2
+    assert not strided.is_contiguous()
+    packed = kernel.pack(w[:, :24])
+    got = kernel.matmul(strided, packed, 40, b)
+    assert torch.equal(got, kernel.matmul(strided.contiguous(), packed, 40, b))

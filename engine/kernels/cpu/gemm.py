@@ -95,10 +95,12 @@ class PanelGemm:
     def matmul(
         self, x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        """x [m, k] float32, ``packed`` from :meth:`pack`, bias [n] contiguous -> [m, n]."""
+        """x [m, k] float32, ``packed`` from :meth:`pack`, bias [n] contiguous -> [m, n].
+
+        Every argument is checked before the call into C, which trusts shapes and pointers:
+        a non-contiguous ``x`` is copied; anything else wrong raises ``ValueError``."""
+        self._check(x, packed, n, bias)
         m, k = x.shape
-        if packed.shape[1:] != (k, self.panel):
-            raise ValueError(f"x has {k} columns, the packed weight {tuple(packed.shape)}")
         x = x.contiguous()
         out = x.new_empty(m, n)
         args = (
@@ -118,6 +120,29 @@ class PanelGemm:
         for f in futures:
             f.result()
         return out
+
+    def _check(
+        self, x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None
+    ) -> None:
+        for name, t in (("x", x), ("packed", packed), ("bias", bias)):
+            if t is None:
+                continue
+            if t.dtype != torch.float32 or t.device.type != "cpu":
+                raise ValueError(
+                    f"{name} must be a float32 CPU tensor, got {t.dtype} on {t.device}"
+                )
+        if x.dim() != 2 or packed.dim() != 3:
+            shapes = f"{tuple(x.shape)} and {tuple(packed.shape)}"
+            raise ValueError(f"x must be [m, k] and packed [panels, k, panel], got {shapes}")
+        k = x.shape[1]
+        if packed.shape[1:] != (k, self.panel):
+            raise ValueError(f"x has {k} columns, the packed weight {tuple(packed.shape)}")
+        if not packed.is_contiguous():
+            raise ValueError("the packed weight must be contiguous (as pack() returns it)")
+        if n < 1 or packed.shape[0] != -(-n // self.panel):
+            raise ValueError(f"n = {n} outputs do not match {packed.shape[0]} panels")
+        if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
+            raise ValueError(f"bias must be a contiguous [{n}] tensor, got {tuple(bias.shape)}")
 
 
 @functools.cache
