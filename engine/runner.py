@@ -12,12 +12,13 @@ import torch
 
 from engine.batch import ScheduledBatch
 from engine.config import EngineConfig
-from engine.model.config import ModelConfig, ModelLoadError, parse_config, resolve_dtype
+from engine.model.config import ModelConfig, ModelLoadError
 from engine.model.decoder import Decoder, KVCache
 from engine.model.inputs import StepInputs, build_step_inputs
 from engine.model.kv_memory import allocate_kv_caches, block_bytes, kv_budget_bytes
-from engine.model.loader import load_weights
+from engine.model.loader import load_model
 from engine.model.tokenizer import Tokenizer
+from engine.outputs import TokenLogprob
 from engine.sampling import sample
 
 
@@ -53,16 +54,12 @@ class ModelRunner:
     def from_pretrained(
         cls, model_dir: str | Path, config: EngineConfig | None = None
     ) -> ModelRunner:
+        """``model_dir``: an HF model directory or a ``.gguf`` file."""
         config = config or EngineConfig()
-        model_dir = Path(model_dir)
-        if not model_dir.is_dir():
-            raise ModelLoadError(f"{model_dir}: model directory not found")
-        model_config = parse_config(model_dir)
-        dtype = resolve_dtype(config.dtype, model_config)
         device = resolve_device(config.device)
-        tokenizer = Tokenizer.from_pretrained(model_dir)
-        weights = load_weights(model_dir, model_config, dtype, str(device))
-        decoder = Decoder(model_config, weights, dtype, str(device))
+        model = load_model(model_dir, config.dtype, str(device))
+        model_config, dtype, tokenizer = model.config, model.dtype, model.tokenizer
+        decoder = Decoder(model_config, model.weights, dtype, str(device))
         per_block = block_bytes(model_config, config.block_size, dtype)
         num_blocks = kv_budget_bytes(config, device) // per_block
         if num_blocks < 1:
@@ -86,13 +83,20 @@ class ModelRunner:
         )
         return inputs, logits
 
-    def execute(self, batch: ScheduledBatch) -> list[int | None]:
+    def execute(self, batch: ScheduledBatch) -> list[int | TokenLogprob | None]:
+        """One token per sampling seq (a ``TokenLogprob`` when its request asked for logprobs)."""
         if batch.is_empty:
             return []
         inputs, logits = self.compute_logits(batch)
         seqs = [batch.seqs[i] for i in inputs.sampled_seqs]
-        tokens = sample(logits, [s.sampling for s in seqs], [s.num_generated for s in seqs])
-        out: list[int | None] = [None] * len(batch.seqs)
-        for i, token in zip(inputs.sampled_seqs, tokens, strict=True):
-            out[i] = token
+        result = sample(
+            logits,
+            [s.sampling for s in seqs],
+            [s.num_generated for s in seqs],
+            [s.history for s in seqs],
+        )
+        out: list[int | TokenLogprob | None] = [None] * len(batch.seqs)
+        logprobs = result.logprobs or [None] * len(seqs)
+        for i, token, lp in zip(inputs.sampled_seqs, result.tokens, logprobs, strict=True):
+            out[i] = token if lp is None else lp
         return out

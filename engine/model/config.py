@@ -31,11 +31,18 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    # Per-pair divisors of the frequencies, as GGUF files store Llama 3 scaling ("rope_freqs").
+    freq_factors: tuple[float, ...] | None = None
 
     def inv_freq(self, head_dim: int) -> torch.Tensor:
         """Per-pair inverse frequencies [head_dim // 2], float32, the way HF computes them."""
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
         inv = 1.0 / (self.theta**exponents)
+        if self.freq_factors is not None:
+            if len(self.freq_factors) != head_dim // 2:
+                n = len(self.freq_factors)
+                raise ModelLoadError(f"rope_freqs: {n} factors, need {head_dim // 2}")
+            return inv / torch.tensor(self.freq_factors, dtype=torch.float32)
         if self.kind == "linear":
             return inv / self.factor
         if self.kind != "llama3":

@@ -2,7 +2,8 @@
 
 Single-file and sharded checkpoints (``model.safetensors.index.json``) are supported. Each tensor is
 checked against the shape ``ModelConfig`` implies before it is read; q/k/v and gate/up are fused
-into one matrix each, so a layer runs four matmuls.
+into one matrix each, so a layer runs four matmuls. ``load_model`` is the one entry point: an HF
+model directory, or a ``.gguf`` file (``engine/model/gguf.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 
 import torch
 
-from engine.model.config import ModelConfig, ModelLoadError, read_json
+from engine.model.config import ModelConfig, ModelLoadError, parse_config, read_json, resolve_dtype
+from engine.model.tokenizer import Tokenizer
 
 PROGRESS_MIN_BYTES = 1 << 30  # show a progress bar only for checkpoints at least this large
 
@@ -146,3 +148,28 @@ def load_weights(
         bar.update()
         bar.close()
     return ModelWeights(embed=embed, layers=tuple(layers), norm=norm, lm_head=lm_head)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    config: ModelConfig
+    tokenizer: Tokenizer
+    weights: ModelWeights
+    dtype: torch.dtype
+
+
+def load_model(path: str | Path, dtype: str, device: str) -> LoadedModel:
+    """An HF model directory or a GGUF file -> config, tokenizer and weights on ``device``.
+
+    ``dtype`` is EngineConfig.dtype ("auto" follows the checkpoint; GGUF dequantizes to float32)."""
+    path = Path(path)
+    if path.is_file():
+        from engine.model.gguf import load_gguf  # imports this module
+
+        return load_gguf(path, dtype, device)
+    if not path.is_dir():
+        raise ModelLoadError(f"{path}: model directory not found (nor a .gguf file)")
+    cfg = parse_config(path)
+    torch_dtype = resolve_dtype(dtype, cfg)
+    tokenizer = Tokenizer.from_pretrained(path)
+    return LoadedModel(cfg, tokenizer, load_weights(path, cfg, torch_dtype, device), torch_dtype)
