@@ -2,7 +2,8 @@
 
 One database per backend per test session, built with ``alembic upgrade head`` (so migrations are
 exercised): a SQLite file under pytest's tmp dir, and a fresh ``kvgate_test_<random>`` database
-on the local PostgreSQL server (dropped at the end; skipped when the server is not reachable).
+on the local PostgreSQL server (dropped at the end; skipped when the server is not reachable,
+failed instead with CI=true).
 ``store`` empties every table before each test, so tests see only their own rows.
 """
 
@@ -19,6 +20,7 @@ from sqlalchemy import text
 from tenants.migrate import upgrade_to_head
 from tenants.models import ALL_TABLES
 from tenants.store import TenantStore
+from tests.conftest import service_unavailable
 
 PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 PG_URL_TEMPLATE = "postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
@@ -39,7 +41,7 @@ def create_pg_database() -> str:
     try:
         asyncio.run(_pg_admin(f'CREATE DATABASE "{name}"'))
     except (OSError, asyncpg.PostgresError) as exc:
-        pytest.skip(f"PostgreSQL at 127.0.0.1:5432 not usable: {exc}")
+        service_unavailable("PostgreSQL at 127.0.0.1:5432", exc)
     return name
 
 

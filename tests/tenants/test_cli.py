@@ -9,6 +9,7 @@ import pytest
 
 from gateway.cli import main
 from tenants.store import TenantStore
+from tests.conftest import service_unavailable
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -104,7 +105,7 @@ def test_cli_announces_changes_over_redis(
     try:
         client.ping()
     except redis.ConnectionError as exc:
-        pytest.skip(f"Redis not reachable: {exc}")
+        service_unavailable("Redis at 127.0.0.1:6379", exc)
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(channel)
     try:

@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from tenants.events import EventBus, RedisEventBridge, TenantChanged
 from tenants.schemas import KeyCreate, LimitsIn, TenantPatch
 from tenants.store import TenantStore
+from tests.conftest import service_unavailable
 from tests.tenants.factories import make_tenant
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -81,7 +82,7 @@ async def redis_channel() -> str:
     try:
         await client.ping()
     except OSError as exc:
-        pytest.skip(f"Redis not reachable: {exc}")
+        service_unavailable("Redis at 127.0.0.1:6379", exc)
     finally:
         await client.aclose()
     return f"kvgate-test-{secrets.token_hex(6)}:tenants"
