@@ -13,27 +13,37 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from tenants.errors import ConfigError, TenantStoreError
 from tenants.events import EventBus, RedisEventBridge
-from tenants.schemas import KeyCreate, LimitsIn, TenantCreate, parse
+from tenants.schemas import KeyCreate, KeyLimitsIn, LimitsIn, TenantCreate, TenantPatch, parse
 from tenants.settings import TenantStoreSettings
 from tenants.store import TenantStore
 
 ACTOR = "cli"
 LIMIT_OPTS = ("rpm", "tpm", "max_concurrency", "max_output_tokens")
+KEY_LIMIT_OPTS = ("rpm", "tpm", "max_concurrency")
+LIMIT_HELP = {
+    "rpm": "requests per minute",
+    "tpm": "tokens per minute (prompt + completion)",
+    "max_concurrency": "requests in flight at once",
+    "max_output_tokens": "largest max_tokens a request may ask for",
+}
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--database-url", help="database URL (default: KVGATE_DATABASE_URL)")
 
 
-def _add_limits(p: argparse.ArgumentParser) -> None:
-    for name in LIMIT_OPTS:
-        p.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name, metavar="N")
+def _add_limits(p: argparse.ArgumentParser, names: Sequence[str] = LIMIT_OPTS) -> None:
+    for name in names:
+        flag = f"--{name.replace('_', '-')}"
+        p.add_argument(flag, type=int, dest=name, metavar="N", help=LIMIT_HELP[name])
 
 
 def _add_prompt(p: argparse.ArgumentParser, required: bool) -> None:
@@ -42,32 +52,70 @@ def _add_prompt(p: argparse.ArgumentParser, required: bool) -> None:
     g.add_argument("--prompt-file", "--file", dest="prompt_file", help="file with it ('-': stdin)")
 
 
+def _tenant_cmd(sub: Any, name: str, help_: str) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help_, description=help_)
+    p.add_argument("id", help="tenant id")
+    return p
+
+
+def _version_cmd(sub: Any, name: str, help_: str) -> argparse.ArgumentParser:
+    p = _tenant_cmd(sub, name, help_)
+    p.add_argument("version", type=int, help="prompt version (see prompt-versions)")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="kvgate tenants", description="manage tenants")
     sub = root.add_subparsers(dest="action", required=True, metavar="ACTION")
-    p = sub.add_parser("create", help="create a tenant")
-    p.add_argument("id")
+    p = _tenant_cmd(sub, "create", "create a tenant")
     p.add_argument("--name", required=True)
-    p.add_argument("--no-client-system", action="store_true", help="drop client system messages")
+    p.add_argument(
+        "--no-client-system",
+        action="store_true",
+        help="the server rejects (400) chat requests that carry system or developer messages",
+    )
     _add_prompt(p, required=False)
     _add_limits(p)
     p = sub.add_parser("list", help="list tenants")
     p.add_argument("--status", help="active, suspended, deleted or all (default: not deleted)")
-    p = sub.add_parser("show", help="show one tenant with its keys")
-    p.add_argument("id")
-    p = sub.add_parser("set-prompt", help="set the system prompt (new version)")
-    p.add_argument("id")
+    _tenant_cmd(sub, "show", "show one tenant with its keys")
+    _tenant_cmd(sub, "suspend", "suspend a tenant: its keys get 403 until it is resumed")
+    _tenant_cmd(sub, "resume", "make a suspended or deleted tenant active again")
+    _tenant_cmd(sub, "delete", "soft-delete a tenant: its keys stop authenticating (401)")
+    p = _tenant_cmd(sub, "set-prompt", "set the system prompt (a new version, made active)")
     _add_prompt(p, required=True)
-    p = sub.add_parser("create-key", help="create an API key (printed once)")
-    p.add_argument("id")
+    _tenant_cmd(sub, "prompt-versions", "list the system prompt versions, newest first")
+    _version_cmd(sub, "show-prompt", "print one system prompt version with its text")
+    _version_cmd(
+        sub,
+        "activate-prompt",
+        "make an existing version active (rollback or roll forward); gateways pin it before "
+        "traffic switches to it, then unpin the old version",
+    )
+    p = _tenant_cmd(sub, "create-key", "create an API key (printed once)")
     p.add_argument("--kind", choices=("server", "widget"), required=True)
     p.add_argument("--origin", action="append", default=[], dest="origins", help="widget origin")
-    p = sub.add_parser("revoke-key", help="revoke an API key")
-    p.add_argument("id")
+    _add_limits(p, KEY_LIMIT_OPTS)
+    _tenant_cmd(sub, "list-keys", "list a tenant's keys with their limits (never the keys)")
+    p = _tenant_cmd(sub, "revoke-key", "revoke an API key")
     p.add_argument("key_id")
-    p = sub.add_parser("set-limits", help="replace the limits (omitted: default from settings)")
-    p.add_argument("id")
+    p = _tenant_cmd(
+        sub,
+        "set-key-limits",
+        "replace a key's own limits (an omitted one: only the tenant's applies)",
+    )
+    p.add_argument("key_id")
+    _add_limits(p, KEY_LIMIT_OPTS)
+    p = _tenant_cmd(sub, "set-limits", "change the limits given; the others stay as they are")
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace all four limits: an omitted one reverts to the default from settings",
+    )
     _add_limits(p)
+    p = sub.add_parser("audit", help="show the audit log, newest first")
+    p.add_argument("--tenant", help="only this tenant's rows")
+    p.add_argument("--limit", type=int, default=50, help="rows to show (1..200, default 50)")
     for action in sub.choices.values():
         _common(action)
     return root
@@ -81,58 +129,149 @@ def _prompt_text(args: argparse.Namespace) -> str | None:
     return Path(args.prompt_file).read_text(encoding="utf-8")
 
 
-def _limits(args: argparse.Namespace) -> dict[str, Any]:
-    return {name: getattr(args, name) for name in LIMIT_OPTS}
+def _given(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
+    """The limits given on the command line (an omitted option is not a key)."""
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
 def _print(obj: Any) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True))
 
 
-async def _run_action(store: TenantStore, args: argparse.Namespace) -> None:
-    a = args.action
-    if a == "create":
-        data = parse(
-            TenantCreate,
-            {
-                "id": args.id,
-                "name": args.name,
-                "system_prompt": _prompt_text(args),
-                "limits": _limits(args),
-                "allow_client_system": not args.no_client_system,
-            },
-        )
-        _print((await store.create_tenant(data, actor=ACTOR)).model_dump(mode="json"))
-    elif a == "list":
-        await _list(store, args.status)
-    elif a == "show":
-        _print((await store.get_tenant(args.id)).model_dump(mode="json"))
-    elif a == "set-prompt":
-        version = await store.set_system_prompt(args.id, _prompt_text(args) or "", actor=ACTOR)
-        print(f"tenant {args.id}: system prompt version {version} is active")
-    elif a == "create-key":
-        data = parse(KeyCreate, {"kind": args.kind, "allowed_origins": args.origins})
-        created = await store.create_key(args.id, data, actor=ACTOR)
-        print(f"key id: {created.id}\nkey:    {created.key}\n(the key is shown only this once)")
-    elif a == "revoke-key":
-        key = await store.revoke_key(args.id, args.key_id, actor=ACTOR)
-        print(f"key {key.id} revoked at {key.revoked_at.isoformat() if key.revoked_at else '?'}")
-    elif a == "set-limits":
-        tenant = await store.set_limits(args.id, parse(LimitsIn, _limits(args)), actor=ACTOR)
-        _print(tenant.limits.model_dump(mode="json"))
+def _dump(model: BaseModel) -> None:
+    _print(model.model_dump(mode="json"))
 
 
-async def _list(store: TenantStore, status: str | None) -> None:
+async def _create(store: TenantStore, args: argparse.Namespace) -> None:
+    data = parse(
+        TenantCreate,
+        {
+            "id": args.id,
+            "name": args.name,
+            "system_prompt": _prompt_text(args),
+            "limits": _given(args, LIMIT_OPTS),
+            "allow_client_system": not args.no_client_system,
+        },
+    )
+    _dump(await store.create_tenant(data, actor=ACTOR))
+
+
+async def _list(store: TenantStore, args: argparse.Namespace) -> None:
     cursor: str | None = None
     print(f"{'ID':<24} {'STATUS':<10} {'PROMPT':>6}  NAME")
     while True:
-        page = await store.list_tenants(limit=200, cursor=cursor, status=status)
+        page = await store.list_tenants(limit=200, cursor=cursor, status=args.status)
         for t in page.data:
             version = "-" if t.prompt_version is None else str(t.prompt_version)
             print(f"{t.id:<24} {t.status:<10} {version:>6}  {t.name}")
         if page.next_cursor is None:
             return
         cursor = page.next_cursor
+
+
+async def _show(store: TenantStore, args: argparse.Namespace) -> None:
+    _dump(await store.get_tenant(args.id))
+
+
+def _status_change(status: str) -> Action:
+    async def run(store: TenantStore, args: argparse.Namespace) -> None:
+        tenant = await store.update_tenant(args.id, TenantPatch(status=status), actor=ACTOR)
+        print(f"tenant {tenant.id} is {tenant.status}")
+
+    return run
+
+
+async def _delete(store: TenantStore, args: argparse.Namespace) -> None:
+    tenant = await store.delete_tenant(args.id, actor=ACTOR)
+    print(f"tenant {tenant.id} is {tenant.status}")
+
+
+async def _set_prompt(store: TenantStore, args: argparse.Namespace) -> None:
+    version = await store.set_system_prompt(args.id, _prompt_text(args) or "", actor=ACTOR)
+    print(f"tenant {args.id}: system prompt version {version} is active")
+
+
+async def _prompt_versions(store: TenantStore, args: argparse.Namespace) -> None:
+    print(f"{'VERSION':>7}  {'ACTIVE':<6}  {'CREATED':<25}  {'CHARS':>7}  {'SHA256':<12}  BY")
+    for p in await store.list_prompts(args.id):
+        active = "yes" if p.active else ""
+        created = p.created_at.isoformat(timespec="seconds")
+        print(
+            f"{p.version:>7}  {active:<6}  {created:<25}  {len(p.text):>7}  "
+            f"{p.sha256[:12]:<12}  {p.created_by}"
+        )
+
+
+async def _show_prompt(store: TenantStore, args: argparse.Namespace) -> None:
+    _dump(await store.get_prompt(args.id, args.version))
+
+
+async def _activate_prompt(store: TenantStore, args: argparse.Namespace) -> None:
+    out = await store.activate_prompt(args.id, args.version, actor=ACTOR)
+    if out.changed:
+        print(f"tenant {args.id}: version {out.version} is active (was {out.previous_version})")
+    else:
+        print(f"tenant {args.id}: version {out.version} was already active")
+
+
+async def _create_key(store: TenantStore, args: argparse.Namespace) -> None:
+    body = {"kind": args.kind, "allowed_origins": args.origins}
+    limits = _given(args, KEY_LIMIT_OPTS)
+    if limits:
+        body["limits"] = limits
+    created = await store.create_key(args.id, parse(KeyCreate, body), actor=ACTOR)
+    print(f"key id: {created.id}\nkey:    {created.key}\n(the key is shown only this once)")
+
+
+async def _list_keys(store: TenantStore, args: argparse.Namespace) -> None:
+    _print([k.model_dump(mode="json") for k in await store.list_keys(args.id)])
+
+
+async def _revoke_key(store: TenantStore, args: argparse.Namespace) -> None:
+    key = await store.revoke_key(args.id, args.key_id, actor=ACTOR)
+    print(f"key {key.id} revoked at {key.revoked_at.isoformat() if key.revoked_at else '?'}")
+
+
+async def _set_key_limits(store: TenantStore, args: argparse.Namespace) -> None:
+    limits = parse(KeyLimitsIn, _given(args, KEY_LIMIT_OPTS))
+    _dump((await store.set_key_limits(args.id, args.key_id, limits, actor=ACTOR)).limits)
+
+
+async def _set_limits(store: TenantStore, args: argparse.Namespace) -> None:
+    limits = parse(LimitsIn, _given(args, LIMIT_OPTS))
+    tenant = await store.set_limits(args.id, limits, actor=ACTOR, replace=args.replace)
+    _dump(tenant.limits)
+
+
+async def _audit(store: TenantStore, args: argparse.Namespace) -> None:
+    page = await store.list_audit(tenant_id=args.tenant, limit=args.limit)
+    for row in page.data:
+        at = row.at.isoformat(timespec="seconds")
+        details = json.dumps(row.details, sort_keys=True)
+        print(
+            f"{row.id:>6}  {at}  {row.actor:<10} {row.action:<16} {row.tenant_id or '-'}  {details}"
+        )
+
+
+Action = Callable[[TenantStore, argparse.Namespace], Awaitable[None]]
+ACTIONS: dict[str, Action] = {
+    "create": _create,
+    "list": _list,
+    "show": _show,
+    "suspend": _status_change("suspended"),
+    "resume": _status_change("active"),
+    "delete": _delete,
+    "set-prompt": _set_prompt,
+    "prompt-versions": _prompt_versions,
+    "show-prompt": _show_prompt,
+    "activate-prompt": _activate_prompt,
+    "create-key": _create_key,
+    "list-keys": _list_keys,
+    "revoke-key": _revoke_key,
+    "set-key-limits": _set_key_limits,
+    "set-limits": _set_limits,
+    "audit": _audit,
+}
 
 
 async def _tenants(settings: TenantStoreSettings, args: argparse.Namespace) -> None:
@@ -146,7 +285,7 @@ async def _tenants(settings: TenantStoreSettings, args: argparse.Namespace) -> N
     store = TenantStore.open(settings.database_url, bus=bus, default_limits=settings.default_limits)
     try:
         await check_schema(store.engine)
-        await _run_action(store, args)
+        await ACTIONS[args.action](store, args)
     finally:
         await store.aclose()
         if bridge is not None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,7 +61,7 @@ def test_cli_refuses_unmigrated_then_full_workflow(
     rc, out, _ = _run(capsys, "tenants", "show", "acme")
     assert rc == 0 and key_id in out and key not in out and "https://a.example" in out
     rc, out, _ = _run(capsys, "tenants", "set-limits", "acme", "--tpm", "99")
-    assert rc == 0 and '"tpm": 99' in out and '"rpm": null' in out
+    assert rc == 0 and '"tpm": 99' in out and '"rpm": 5' in out  # only the limits given
     assert _run(capsys, "tenants", "revoke-key", "acme", key_id)[0] == 0
     rc, out, _ = _run(capsys, "tenants", "list")
     assert rc == 0 and "acme" in out and "active" in out
@@ -128,3 +130,108 @@ def test_cli_announces_changes_over_redis(
         {"tenant_id": "acme", "kind": "created", "prompt_version": 1},
         {"tenant_id": "acme", "kind": "prompt", "prompt_version": 2},
     ]
+
+
+def _json_out(out: str) -> Any:
+    return json.loads(out)
+
+
+def test_cli_prompt_versions_and_activation(
+    cli_db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _run(capsys, "migrate")[0] == 0
+    assert _run(capsys, "tenants", "create", "acme", "--name", "A", "--prompt", "one")[0] == 0
+    assert _run(capsys, "tenants", "set-prompt", "acme", "--text", "two")[0] == 0
+    rc, out, _ = _run(capsys, "tenants", "prompt-versions", "acme")
+    lines = out.splitlines()
+    assert rc == 0 and lines[0].split()[:2] == ["VERSION", "ACTIVE"]
+    assert [line.split()[0] for line in lines[1:]] == ["2", "1"]
+    assert lines[1].split()[1] == "yes" and "yes" not in lines[2]
+    rc, out, _ = _run(capsys, "tenants", "show-prompt", "acme", "1")
+    shown = _json_out(out)
+    assert rc == 0 and shown["text"] == "one" and shown["active"] is False
+    rc, out, _ = _run(capsys, "tenants", "activate-prompt", "acme", "1")
+    assert rc == 0 and "version 1 is active (was 2)" in out
+    rc, out, _ = _run(capsys, "tenants", "activate-prompt", "acme", "1")
+    assert rc == 0 and "already active" in out
+    rc, _, err = _run(capsys, "tenants", "activate-prompt", "acme", "9")
+    assert rc == 1 and "no system prompt version 9" in err
+    rc, out, _ = _run(capsys, "tenants", "show", "acme")
+    assert _json_out(out)["prompt_version"] == 1
+    rc, out, _ = _run(capsys, "tenants", "audit", "--tenant", "acme", "--limit", "2")
+    rows = out.splitlines()
+    assert rc == 0 and len(rows) == 2
+    assert rows[0].split()[2:4] == ["cli", "prompt.activate"]
+    assert rows[1].split()[2:4] == ["cli", "prompt.set"]
+    assert "one" not in out and "two" not in out  # digests only, never prompt text
+
+
+def test_cli_status_changes(cli_db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(capsys, "migrate")[0] == 0
+    assert _run(capsys, "tenants", "create", "acme", "--name", "A")[0] == 0
+    assert _run(capsys, "tenants", "suspend", "acme")[1] == "tenant acme is suspended\n"
+    assert _run(capsys, "tenants", "resume", "acme")[1] == "tenant acme is active\n"
+    assert _run(capsys, "tenants", "delete", "acme")[1] == "tenant acme is deleted\n"
+    rc, out, _ = _run(capsys, "tenants", "list")
+    assert rc == 0 and "acme" not in out
+    rc, _, err = _run(capsys, "tenants", "suspend", "acme")
+    assert rc == 0  # suspending a deleted tenant restores nothing but is allowed as a status
+    assert asyncio.run(_audit_actions(cli_db, "acme"))[-1] == ("cli", "tenant.update")
+    rc, _, err = _run(capsys, "tenants", "delete", "ghost")
+    assert rc == 1 and "not found" in err
+
+
+def test_cli_keys_with_limits(cli_db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(capsys, "migrate")[0] == 0
+    assert _run(capsys, "tenants", "create", "acme", "--name", "A")[0] == 0
+    rc, out, _ = _run(capsys, "tenants", "create-key", "acme", "--kind", "server", "--rpm", "7")
+    assert rc == 0
+    key_id, key = out.split("key id:")[1].split()[0], out.split("key:")[1].split()[0]
+    rc, out, _ = _run(capsys, "tenants", "list-keys", "acme")
+    keys = _json_out(out)
+    assert rc == 0 and key not in out
+    assert [(k["id"], k["limits"]) for k in keys] == [
+        (key_id, {"rpm": 7, "tpm": None, "max_concurrency": None})
+    ]
+    rc, out, _ = _run(
+        capsys,
+        "tenants",
+        "set-key-limits",
+        "acme",
+        key_id,
+        "--tpm",
+        "900",
+        "--max-concurrency",
+        "2",
+    )
+    assert rc == 0 and _json_out(out) == {"rpm": None, "tpm": 900, "max_concurrency": 2}
+    rc, _, err = _run(capsys, "tenants", "set-key-limits", "acme", key_id, "--rpm", "0")
+    assert rc == 1 and "rpm" in err
+    with pytest.raises(SystemExit):  # keys have no output cap of their own
+        main(["tenants", "create-key", "acme", "--kind", "server", "--max-output-tokens", "5"])
+
+
+def test_cli_set_limits_merges_unless_replace(
+    cli_db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _run(capsys, "migrate")[0] == 0
+    create = ("tenants", "create", "acme", "--name", "A", "--rpm", "5", "--tpm", "50")
+    assert _run(capsys, *create)[0] == 0
+    rc, out, _ = _run(capsys, "tenants", "set-limits", "acme", "--max-concurrency", "3")
+    assert rc == 0
+    assert _json_out(out) == {"rpm": 5, "tpm": 50, "max_concurrency": 3, "max_output_tokens": None}
+    rc, out, _ = _run(capsys, "tenants", "set-limits", "acme", "--replace", "--tpm", "70")
+    assert rc == 0
+    assert _json_out(out) == {
+        "rpm": None,
+        "tpm": 70,
+        "max_concurrency": None,
+        "max_output_tokens": None,
+    }
+
+
+def test_cli_help_says_what_the_server_does(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["tenants", "create", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "the server rejects (400) chat requests that carry system or developer messages" in text
