@@ -17,6 +17,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -50,12 +51,17 @@ def _run(connection: Connection, op: str, target: str) -> None:
     getattr(command, op)(cfg, target)
 
 
+# pg_advisory_xact_lock key of schema migrations ("kvgatemg" in ASCII), one per database.
+PG_MIGRATION_LOCK = 0x6B76_6761_7465_6D67
+
+
 @contextlib.asynccontextmanager
 async def _migration_lock(engine: AsyncEngine) -> AsyncIterator[None]:
     """SQLite file: an exclusive lock on ``<file>.migrate.lock`` for the migration. SQLite
     transactions start deferred, so without it two processes on a fresh file both read "no
     schema" before either takes the write lock, and the second then fails with "table ...
-    already exists". Other databases: no lock (``kvgate migrate`` is run once, by an operator)."""
+    already exists". PostgreSQL: an advisory lock taken inside the migration's transaction
+    (``_LOCK_PG``). Other SQLite URLs (memory, ``file:``): no lock."""
     db = engine.url.database if engine.dialect.name == "sqlite" else None
     if not db or db == ":memory:" or db.startswith("file:"):
         yield
@@ -68,10 +74,18 @@ async def _migration_lock(engine: AsyncEngine) -> AsyncIterator[None]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
+# Replicas migrating one database at once: the first to get the lock migrates; the others wait
+# for its commit (the lock is released with the transaction), then read the schema it left and
+# find nothing to do. DDL is transactional in PostgreSQL, so a failed migration leaves nothing.
+_LOCK_PG = text("SELECT pg_advisory_xact_lock(:key)")
+
+
 async def migrate_engine(engine: AsyncEngine, op: str = "upgrade", target: str = "head") -> None:
     """Run ``alembic <op> <target>`` (op: upgrade | downgrade) in one transaction."""
     try:
         async with _migration_lock(engine), engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                await conn.execute(_LOCK_PG, {"key": PG_MIGRATION_LOCK})
             await conn.run_sync(_run, op, target)
     except Exception as exc:
         if is_unavailable(exc):
