@@ -29,6 +29,9 @@ class ScheduledSeq:
     sample: bool  # True when this chunk ends at the request's last token: produce one token
     sampling: SamplingParams
     num_generated: int = 0  # tokens generated so far (seeded sampling: seed + step index)
+    # The request's prompt + generated tokens (its own list, read only; the last
+    # ``num_generated`` are the generated ones): what penalties count.
+    history: Sequence[int] = ()
 
     @property
     def end_pos(self) -> int:

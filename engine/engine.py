@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from engine.config import EngineConfig
 from engine.errors import PinRejected
 from engine.kv import CacheListener, CacheStats, PinHandle, PrefixCache, PriorityRange
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, TokenLogprob
 from engine.params import SamplingParams
 from engine.request import Request
 from engine.scheduler import Scheduler
@@ -114,6 +114,8 @@ class EngineCore:
         self.scheduler.check_fits(len(token_ids), params.max_tokens)
         if token_ids and (min(token_ids) < 0 or max(token_ids) >= self.vocab_size):
             raise ValueError(f"token ids must lie in 0..{self.vocab_size - 1}")
+        if any(not 0 <= tok < self.vocab_size for tok, _ in params.logit_bias):
+            raise ValueError(f"logit_bias token ids must lie in 0..{self.vocab_size - 1}")
         for rng in priorities:
             rng.check()
 
@@ -154,7 +156,7 @@ class EngineCore:
     def step(self) -> list[RequestOutput]:
         """One schedule -> execute -> update; outputs of user requests that advanced."""
         batch = self.scheduler.schedule()
-        sampled: list[int | None] = []
+        sampled: list[int | TokenLogprob | None] = []
         if not batch.is_empty:
             sampled = list(self.runner.execute(batch))
             self.num_model_tokens += batch.num_tokens

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.kv import PriorityRange
-from engine.outputs import FinishReason, RequestMetrics, RequestOutput
+from engine.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprob
 from engine.params import SamplingParams
 
 
@@ -52,6 +52,7 @@ class Request:
     finish_reason: FinishReason | None = None
     error: Exception | None = None
     num_reported: int = 0  # generated tokens already handed out in an output
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if asked
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
@@ -89,8 +90,11 @@ class Request:
     def make_output(self) -> RequestOutput:
         """Output carrying the tokens generated since the previous output of this request."""
         out = tuple(self.output_token_ids)
-        new = out[self.num_reported :]
-        self.num_reported = len(out)
+        start, self.num_reported = self.num_reported, len(out)
+        new = out[start:]
+        logprobs = None
+        if self.sampling.logprobs is not None:
+            logprobs = tuple(self.logprobs[start : len(out)])
         return RequestOutput(
             request_id=self.request_id,
             num_prompt_tokens=self.num_prompt_tokens,
@@ -101,4 +105,5 @@ class Request:
             finish_reason=self.finish_reason,
             metrics=self.metrics(),
             error=self.error,
+            new_logprobs=logprobs,
         )

@@ -30,7 +30,7 @@ from engine.batch import ScheduledBatch, ScheduledSeq
 from engine.config import EngineConfig
 from engine.errors import PromptTooLong
 from engine.kv import Allocation, Handoff, PrefixCache, PriorityRange
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, TokenLogprob
 from engine.request import Request, RequestStatus
 
 # Cache retention priority of generated tokens (system prompts come in higher, default is 35):
@@ -229,12 +229,16 @@ class Scheduler:
             sample=end == req.num_tokens,
             sampling=req.sampling,
             num_generated=req.num_output_tokens,
+            history=req.all_token_ids,
         )
 
     # ------------------------------------------------------------------ update
 
-    def update(self, batch: ScheduledBatch, sampled: Sequence[int | None]) -> list[RequestOutput]:
+    def update(
+        self, batch: ScheduledBatch, sampled: Sequence[int | TokenLogprob | None]
+    ) -> list[RequestOutput]:
         """Record a finished step: commit K/V, append sampled tokens, finish stopped requests.
+        A ``TokenLogprob`` entry is a token sampled with logprobs (kept for the request's output).
         Returns one output per request that got a token or finished (also outside this step)."""
         assert len(sampled) == len(batch.seqs), "one sampled entry per scheduled seq"
         outputs, self._outputs = self._outputs, []
@@ -251,6 +255,9 @@ class Scheduler:
                 continue
             assert token is not None, f"{seq.request_id}: runner returned no token"
             req = self.requests[seq.request_id]
+            if isinstance(token, TokenLogprob):
+                req.logprobs.append(token)
+                token = token.token_id
             req.all_token_ids.append(int(token))
             if req.first_token_time is None:
                 req.first_token_time = now
