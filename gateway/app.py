@@ -31,6 +31,7 @@ from gateway.admin import ADMIN_PREFIX, create_admin_app
 from gateway.auth import CORS_ORIGIN, KeyCache
 from gateway.chat import views
 from gateway.chat.prompt import TemplateMismatch, build_prefix
+from gateway.cluster.admin import add_cluster_view
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState, Telemetry
 from gateway.errors import ApiError, error_middleware, register_error
 from gateway.pins import PinManager
@@ -69,10 +70,17 @@ def create_app(
     engine: Any = None,
     model_dir: str | None = None,
     span_exporter: SpanExporter | None = None,
+    local_worker: bool = False,
 ) -> web.Application:
     """The gateway. ``engine``: an AsyncEngine (not started) to use instead of loading
-    ``model_dir`` / ``KVGATE_MODEL``; ``span_exporter``: an extra exporter (tests)."""
+    ``model_dir`` / ``KVGATE_MODEL``; ``span_exporter``: an extra exporter (tests).
+    With ``KVGATE_WORKERS`` set, or ``local_worker`` (``kvgate serve``: one worker process
+    started here), the engine runs in worker processes (gateway/cluster/)."""
     register_gateway_errors()
+    if engine is None and (settings.cluster.workers or local_worker):
+        from gateway.cluster.bootstrap import open_cluster
+
+        engine = open_cluster(settings, model_dir or settings.model.path)
     if engine is None:
         path = model_dir or settings.model.path
         if path is None:
@@ -92,16 +100,15 @@ def create_app(
         make_session_factory(db), default_limits=settings.tenants.default_limits, engine=db
     )
     tokenizer = engine.tokenizer
-    app.add_subapp(
-        ADMIN_PREFIX,
-        create_admin_app(
-            store,
-            admin_token_sha256=settings.tenants.admin_token_sha256,
-            token_counter=lambda t: len(build_prefix(tokenizer, t).ids),
-            max_prompt_tokens=max(1, engine.max_model_len // 2),
-            cache_provider=lambda tenant_id: app[STATE].pins.cache_info(tenant_id),
-        ),
+    admin = create_admin_app(
+        store,
+        admin_token_sha256=settings.tenants.admin_token_sha256,
+        token_counter=lambda t: len(build_prefix(tokenizer, t).ids),
+        max_prompt_tokens=max(1, engine.max_model_len // 2),
+        cache_provider=lambda tenant_id: app[STATE].pins.cache_info(tenant_id),
     )
+    add_cluster_view(admin, engine, app[TELEMETRY].metrics.registry)
+    app.add_subapp(ADMIN_PREFIX, admin)
     app.cleanup_ctx.append(_lifecycle(store, db, engine, model_name))
     app.on_shutdown.append(_start_draining)
     app.on_response_prepare.append(_cors_headers)

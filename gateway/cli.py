@@ -9,6 +9,7 @@ from collections.abc import Sequence
 # subcommand -> (module, help). The module exposes ``main(argv: list[str]) -> int``.
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gateway.serve", "run the gateway (OpenAI-compatible chat API + admin API)"),
+    "worker": ("gateway.cluster.worker_cmd", "run one engine worker (internal API for gateways)"),
     "migrate": ("tenants.cli", "upgrade the tenant database schema to head"),
     "tenants": ("tenants.cli", "manage tenants, keys, system prompts and limits"),
     "demo-model": ("engine.model.demo", "write the deterministic demo model to a directory"),

@@ -1,5 +1,9 @@
 """Pinned tenant prefixes: each active tenant's system prompt stays in the KV cache.
 
+With worker processes (gateway/cluster/), a pin is a ``TenantPin``: the cluster keeps it on the
+tenant's placement set of workers and moves it when the placement changes; this manager only
+decides which prompt version is pinned, as below.
+
 Per tenant there is one *current* entry (the version traffic uses) and possibly retiring ones::
 
     start-up:        pin every active tenant, most recently used first (the engine's pin cap
@@ -24,6 +28,7 @@ from sqlalchemy import func, select
 
 from engine.errors import PinRejected
 from gateway.chat.prompt import ChatTokenizer, TenantPrefix, build_prefix
+from gateway.cluster.engine import ClusterEngine
 from tenants.events import TenantChanged
 from tenants.models import ApiKey
 from tenants.runtime import TenantRuntime
@@ -62,6 +67,7 @@ class TenantCounters:
 class PinManager:
     def __init__(self, engine: Any, tokenizer: ChatTokenizer, store: TenantStore) -> None:
         self._engine = engine
+        self._cluster = engine if isinstance(engine, ClusterEngine) else None
         self._tokenizer = tokenizer
         self._store = store
         self._current: dict[str, PromptEntry] = {}
@@ -129,7 +135,13 @@ class PinManager:
             return
         entry.state = PINNING
         try:
-            entry.handle = await self._engine.pin_prefix(entry.namespace, list(entry.prefix.ids))
+            if self._cluster is not None:  # pinned on the tenant's placement set of workers
+                ids = list(entry.prefix.ids)
+                entry.handle = await self._cluster.pin_tenant(entry.tenant_id, entry.namespace, ids)
+            else:
+                entry.handle = await self._engine.pin_prefix(
+                    entry.namespace, list(entry.prefix.ids)
+                )
             entry.state = PINNED
         except PinRejected as exc:
             entry.state, entry.reason = REJECTED, exc.reason or str(exc)
@@ -212,7 +224,14 @@ class PinManager:
             "query_tokens": counters.query_tokens,
             "hit_tokens": counters.hit_tokens,
             "hit_rate": counters.hit_tokens / counters.query_tokens if counters.query_tokens else 0,
+            "pinned_on": self._pinned_on(handle),
         }
+
+    def _pinned_on(self, handle: Any) -> list[str] | None:
+        """Workers holding the pin (None for an in-process engine)."""
+        if self._cluster is None:
+            return None
+        return handle.workers(self._cluster.healthy()) if handle is not None else []
 
     def check_integrity(self) -> None:
         for tenant_id, entry in self._current.items():

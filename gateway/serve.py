@@ -103,7 +103,7 @@ def main(argv: Sequence[str]) -> int:
     model_dir = settings.model.path or str(ensure_demo_model(settings.server.var_dir))
     if new_token is not None:
         print(f"kvgate serve: admin token (shown once, keep it): {new_token}", flush=True)
-    app = create_app(settings, model_dir=model_dir)
+    app = create_app(settings, model_dir=model_dir, local_worker=True)
     host = args.host or settings.server.host
     port = settings.server.port if args.port is None else args.port
     web.run_app(

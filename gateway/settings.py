@@ -125,6 +125,16 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "log level"),
     Variable("KVGATE_LOG_JSON", _bool, "true", "JSON log lines (false: console format)"),
     Variable("KVGATE_SERVICE_NAME", _str, "kvgate-gateway", "OTel service.name"),
+    Variable("KVGATE_WORKERS", _opt_str, "", "engine workers (http://h:p,...); unset: one local"),
+    Variable("KVGATE_WORKER_TOKEN", _opt_str, "", "shared secret of the gateway-worker API"),
+    Variable("KVGATE_WORKER_ID", _opt_str, "", "`kvgate worker`: placement id; unset: host:port"),
+    Variable("KVGATE_WORKER_HEALTH_S", _positive_float, "1", "worker health-check interval"),
+    Variable(
+        "KVGATE_WORKER_CONNECT_TIMEOUT_S", _positive_float, "300", "start-up wait for a worker"
+    ),
+    Variable("KVGATE_SPILL_QUEUE_S", _positive_float, "0.5", "queue delay that spills requests"),
+    Variable("KVGATE_REPLICA_RPS", _positive_float, "2", "tenant requests/s per pinned replica"),
+    Variable("KVGATE_LOAD_WINDOW_S", _positive_float, "10", "tenant load statistics window"),
     # Read by tenants/settings.py (TenantStoreSettings.from_env); listed so the TOML file and
     # the configuration table know them.
     Variable("KVGATE_DATABASE_URL", _str, None, "tenant DB; unset: SQLite under var/"),
@@ -290,6 +300,33 @@ class TelemetrySettings:
 
 
 @dataclass(frozen=True)
+class ClusterSettings:
+    """Engine workers and tenant placement (gateway/cluster/)."""
+
+    workers: str | None = None  # None: `kvgate serve` starts one local worker
+    worker_token: str | None = field(default=None, repr=False)
+    worker_id: str | None = None
+    health_s: float = 1.0
+    connect_timeout_s: float = 300.0
+    spill_queue_s: float = 0.5
+    replica_rps: float = 2.0
+    load_window_s: float = 10.0
+
+    @classmethod
+    def from_source(cls, src: Mapping[str, str]) -> ClusterSettings:
+        return cls(
+            workers=value(src, "KVGATE_WORKERS"),
+            worker_token=value(src, "KVGATE_WORKER_TOKEN"),
+            worker_id=value(src, "KVGATE_WORKER_ID"),
+            health_s=value(src, "KVGATE_WORKER_HEALTH_S"),
+            connect_timeout_s=value(src, "KVGATE_WORKER_CONNECT_TIMEOUT_S"),
+            spill_queue_s=value(src, "KVGATE_SPILL_QUEUE_S"),
+            replica_rps=value(src, "KVGATE_REPLICA_RPS"),
+            load_window_s=value(src, "KVGATE_LOAD_WINDOW_S"),
+        )
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything ``create_app`` needs, validated once at start."""
 
@@ -299,6 +336,7 @@ class Settings:
     auth: AuthSettings
     telemetry: TelemetrySettings
     tenants: TenantStoreSettings
+    cluster: ClusterSettings = ClusterSettings()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -318,6 +356,7 @@ class Settings:
             auth=AuthSettings.from_source(src),
             telemetry=TelemetrySettings.from_source(src),
             tenants=tenants,
+            cluster=ClusterSettings.from_source(src),
         )
 
 

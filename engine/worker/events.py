@@ -1,0 +1,86 @@
+"""KV events of one worker: blocks stored / removed, per namespace, streamed to subscribers.
+
+The prefix cache calls the listener on the engine thread; events are buffered under a lock and
+handed to the event loop in batches (``drain``), so the engine thread never touches asyncio::
+
+    engine thread: on_stored / on_removed -> _pending (lock)
+    event loop:    every interval: drain -> each subscriber's bounded queue (a slow subscriber
+                   loses its queue and must resubscribe: it then gets a fresh snapshot marker)
+
+Namespaces are sent as their root key digest, never as the salt itself. A removed event names
+only the block key (the cache knows no more); subscribers keep key -> namespace themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from typing import Any
+
+from engine.kv.hashing import root_key
+
+STORED = "s"
+REMOVED = "r"
+QUEUE_LIMIT = 10_000  # batches a subscriber may fall behind before it is dropped
+
+
+class KvEventHub:
+    """A ``CacheListener`` that fans the cache's events out to asyncio subscribers."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[list[Any]] = []
+        self._subscribers: set[asyncio.Queue[list[list[Any]] | None]] = set()
+        self.stored = 0  # events seen, for tests and /v1/load
+        self.removed = 0
+
+    # -- engine thread -------------------------------------------------------------------------
+    def on_stored(
+        self, namespace: str, key: bytes, parent_key: bytes | None, token_ids: tuple[int, ...]
+    ) -> None:
+        ns = root_key(namespace).hex()
+        event = [STORED, ns, key.hex(), parent_key.hex() if parent_key else None]
+        with self._lock:
+            self.stored += 1
+            if self._subscribers:
+                self._pending.append(event)
+
+    def on_removed(self, key: bytes) -> None:
+        with self._lock:
+            self.removed += 1
+            if self._subscribers:
+                self._pending.append([REMOVED, key.hex()])
+
+    # -- event loop ----------------------------------------------------------------------------
+    def subscribe(self) -> asyncio.Queue[list[list[Any]] | None]:
+        q: asyncio.Queue[list[list[Any]] | None] = asyncio.Queue(QUEUE_LIMIT)
+        with self._lock:
+            self._subscribers.add(q)
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue[list[list[Any]] | None]) -> None:
+        with self._lock:
+            self._subscribers.discard(q)
+
+    def drain(self) -> int:
+        """Hand buffered events to every subscriber; returns how many events were sent."""
+        with self._lock:
+            batch, self._pending = self._pending, []
+            subscribers = list(self._subscribers)
+        if not batch:
+            return 0
+        for q in subscribers:
+            try:
+                q.put_nowait(batch)
+            except asyncio.QueueFull:  # too slow: cut off (None ends its stream)
+                self.unsubscribe(q)
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    q.get_nowait()
+                q.put_nowait(None)
+        return len(batch)
+
+    async def run(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            self.drain()

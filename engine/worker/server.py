@@ -1,0 +1,249 @@
+"""The worker's internal API: one ``AsyncEngine`` served over HTTP/1.1 to gateways.
+
+Every ``/v1/*`` route requires ``Authorization: Bearer <KVGATE_WORKER_TOKEN>`` (compared in
+constant time); ``/healthz`` answers without it (orchestrator probes) and says nothing else::
+
+    POST /v1/generate   {ids, params, ns, rid, prio?} -> stream of frames (engine/worker/wire.py)
+    POST /v1/abort      {rid}
+    POST /v1/pin        {ns, ids} -> pin handle            POST /v1/unpin  {handle}
+    GET  /v1/info       worker id, geometry, pin budget    GET  /v1/tokenizer  tokenizer payload
+    GET  /v1/load       cache stats + requests waiting / running, outstanding tokens
+    GET  /v1/events     stream of KV event batches (one JSON array per line)
+
+The generate handler waits for the request's first output before sending the response head, so
+a caller that sees no head knows nothing was generated (it may retry elsewhere). Handler
+cancellation is on: a caller that goes away cancels the handler, which leaves the engine stream
+and so aborts the request and frees its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from engine.errors import EngineError
+from engine.worker import wire
+from engine.worker.events import KvEventHub
+from engine.worker.load import LoadTracker
+
+EVENT_INTERVAL_S = 0.05
+NDJSON = "application/x-ndjson"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    worker_id: str
+    boot_id: str  # new each start: a restarted worker has lost its pins
+    block_size: int
+    max_model_len: int
+    blocks_total: int
+    pin_budget_blocks: int
+
+
+@dataclass
+class WorkerState:
+    engine: Any  # engine.AsyncEngine
+    info: WorkerInfo
+    events: KvEventHub
+    load: LoadTracker
+
+
+WORKER = web.AppKey("worker", WorkerState)
+
+
+def token_middleware(token: str) -> Any:
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith("/v1/"):
+            given = request.headers.get("Authorization", "").encode()
+            if not token or not hmac.compare_digest(given, expected):
+                return web.json_response({"error": "unauthorized"}, status=401)
+        return await handler(request)
+
+    return check
+
+
+def create_worker_app(
+    engine: Any, events: KvEventHub, token: str, worker_id: str
+) -> web.Application:
+    """``engine``: an AsyncEngine (not started) built with ``events`` as its cache listener."""
+    if not token:
+        raise ValueError("a worker needs a token (KVGATE_WORKER_TOKEN)")
+    app = web.Application(middlewares=[token_middleware(token)], client_max_size=64 << 20)
+    stats = engine.cache_stats()
+    info = WorkerInfo(
+        worker_id=worker_id,
+        boot_id=uuid.uuid4().hex,
+        block_size=int(engine.config.block_size),
+        max_model_len=int(engine.max_model_len),
+        blocks_total=stats.blocks_total,
+        pin_budget_blocks=int(stats.blocks_total * engine.config.pin_cap_fraction),
+    )
+    app[WORKER] = WorkerState(engine, info, events, LoadTracker())
+    app.cleanup_ctx.append(_lifecycle)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/v1/info", _info)
+    app.router.add_get("/v1/tokenizer", _tokenizer)
+    app.router.add_get("/v1/load", _load)
+    app.router.add_get("/v1/events", _events)
+    app.router.add_post("/v1/generate", _generate)
+    app.router.add_post("/v1/abort", _abort)
+    app.router.add_post("/v1/pin", _pin)
+    app.router.add_post("/v1/unpin", _unpin)
+    return app
+
+
+async def _lifecycle(app: web.Application) -> Any:
+    state = app[WORKER]
+    await state.engine.start()
+    pump = asyncio.get_running_loop().create_task(state.events.run(EVENT_INTERVAL_S))
+    yield
+    pump.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await pump
+    await state.engine.shutdown()
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = wire.decode(await request.read())
+    except wire.WireError as exc:
+        raise web.HTTPBadRequest(text=str(exc)) from None
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text="expected a JSON object")
+    return body
+
+
+def _reply(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=wire.encode(obj), status=status, content_type="application/json")
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    ok = request.app[WORKER].engine.is_running
+    return _reply({"status": "ok" if ok else "down"}, 200 if ok else 503)
+
+
+async def _info(request: web.Request) -> web.Response:
+    info = request.app[WORKER].info
+    return _reply(info.__dict__)
+
+
+async def _tokenizer(request: web.Request) -> web.Response:
+    return _reply(tokenizer_payload(request.app[WORKER].engine.tokenizer))
+
+
+def tokenizer_payload(tok: Any) -> dict[str, Any]:
+    """What a gateway needs to rebuild the tokenizer (engine/model/tokenizer.py) without the
+    model files: the HF tokenizers JSON, chat template, special tokens and EOS ids."""
+    return {
+        "backend": tok.backend.to_str(),
+        "chat_template": tok.chat_template,
+        "special_tokens": tok.special_tokens,
+        "add_bos": tok.add_bos,
+        "eos_token_ids": list(tok.eos_token_ids),
+    }
+
+
+async def _load(request: web.Request) -> web.Response:
+    state = request.app[WORKER]
+    body = state.load.snapshot()
+    body["healthy"] = bool(state.engine.is_running)
+    body["boot_id"] = state.info.boot_id
+    body["stats"] = wire.stats_to_wire(state.engine.cache_stats())
+    return _reply(body)
+
+
+async def _generate(request: web.Request) -> web.StreamResponse:
+    state = request.app[WORKER]
+    body = await _json_body(request)
+    try:
+        ids = [int(t) for t in body["ids"]]
+        params = wire.params_from_wire(body["params"])
+        rid, ns = str(body["rid"]), str(body["ns"])
+        prio = wire.priorities_from_wire(body.get("prio", []))
+    except (KeyError, TypeError, ValueError) as exc:
+        return _reply({"e": wire.error_to_wire(ValueError(f"bad generate request: {exc}"))}, 400)
+    stream = state.engine.generate(ids, params, namespace=ns, request_id=rid, priorities=prio)
+    state.load.add(rid, len(ids), params.max_tokens)
+    try:
+        try:
+            first = await anext(stream)
+        except (EngineError, ValueError) as exc:
+            return _reply({"e": wire.error_to_wire(exc)})
+        resp = web.StreamResponse(headers={"Content-Type": NDJSON})
+        await resp.prepare(request)
+        out = first
+        data = wire.frame(wire.output_to_wire(out, first=True))
+        while True:
+            state.load.advance(rid, len(out.token_ids))
+            await resp.write(data)
+            if out.finished:
+                break
+            try:
+                out = await anext(stream)
+            except (EngineError, ValueError) as exc:  # the engine stopped under the request
+                await resp.write(wire.frame({"e": wire.error_to_wire(exc)}))
+                break
+            data = wire.frame(wire.output_to_wire(out, first=False))
+        await resp.write_eof()
+        return resp
+    finally:
+        state.load.finish(rid)
+        await stream.aclose()  # a stream left early aborts the request
+
+
+async def _abort(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    await request.app[WORKER].engine.abort(str(body.get("rid", "")))
+    return _reply({})
+
+
+async def _pin(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    try:
+        ns, ids = str(body["ns"]), [int(t) for t in body["ids"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        return _reply({"e": wire.error_to_wire(ValueError(f"bad pin request: {exc}"))}, 400)
+    try:
+        handle = await request.app[WORKER].engine.pin_prefix(ns, ids)
+    except EngineError as exc:
+        return _reply({"e": wire.error_to_wire(exc)})
+    return _reply({"handle": wire.pin_to_wire(handle)})
+
+
+async def _unpin(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    try:
+        handle = wire.pin_from_wire(body["handle"])
+    except (KeyError, TypeError, ValueError) as exc:
+        return _reply({"e": wire.error_to_wire(ValueError(f"bad unpin request: {exc}"))}, 400)
+    try:
+        await request.app[WORKER].engine.unpin(handle)
+    except (EngineError, KeyError, ValueError, AssertionError) as exc:
+        return _reply({"e": wire.error_to_wire(EngineError(f"unpin failed: {exc}"))})
+    return _reply({})
+
+
+async def _events(request: web.Request) -> web.StreamResponse:
+    """KV event batches until the caller leaves (or falls too far behind: the stream ends)."""
+    hub = request.app[WORKER].events
+    q = hub.subscribe()
+    resp = web.StreamResponse(headers={"Content-Type": NDJSON})
+    try:
+        await resp.prepare(request)
+        await resp.write(wire.frame([]))  # the head: subscribed from here on
+        while (batch := await q.get()) is not None:
+            await resp.write(wire.frame(batch))
+    finally:
+        hub.unsubscribe(q)
+    return resp

@@ -1,0 +1,232 @@
+"""``WorkerClient``: one worker's internal API, from a gateway (engine/worker/server.py).
+
+Failures are sorted by what the caller may still do::
+
+    WorkerUnavailable   nothing was generated (no connection, no response head, bad status):
+                        the request may go to another worker
+    WorkerLost          the stream broke after outputs were delivered: the request fails
+    engine errors       the worker's engine refused (PromptTooLong, EngineOverloaded, ...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from engine.errors import EngineDead
+from engine.kv import CacheStats, PinHandle, PriorityRange
+from engine.outputs import RequestMetrics, RequestOutput
+from engine.params import SamplingParams
+from engine.worker import wire
+
+
+class WorkerUnavailable(EngineDead):
+    """The worker could not take the request (nothing was generated)."""
+
+
+class WorkerLost(EngineDead):
+    """The worker went away while streaming a request."""
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    worker_id: str
+    boot_id: str
+    block_size: int
+    max_model_len: int
+    blocks_total: int
+    pin_budget_blocks: int
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    healthy: bool
+    boot_id: str
+    running: int
+    waiting: int
+    outstanding_tokens: int
+    stats: CacheStats
+
+
+class WorkerClient:
+    def __init__(
+        self, url: str, token: str, session: aiohttp.ClientSession, timeout_s: float = 2.0
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        # generate: connect bounded, the stream itself unbounded (long generations)
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s)
+
+    async def _get(self, path: str) -> Any:
+        return await self._call("GET", path, None)
+
+    async def _call(self, method: str, path: str, body: Any) -> Any:
+        data = None if body is None else wire.encode(body)
+        try:
+            async with self._session.request(
+                method, self.url + path, data=data, headers=self._headers, timeout=self._timeout
+            ) as resp:
+                payload = await resp.read()
+                if resp.status != 200:
+                    raise WorkerUnavailable(f"worker answered {resp.status} on {path}")
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise WorkerUnavailable(f"worker unreachable: {type(exc).__name__}") from None
+        out = wire.decode(payload)
+        if isinstance(out, dict) and "e" in out:
+            raise wire.error_from_wire(out["e"])
+        return out
+
+    async def info(self) -> WorkerInfo:
+        d = await self._get("/v1/info")
+        return WorkerInfo(
+            str(d["worker_id"]),
+            str(d["boot_id"]),
+            int(d["block_size"]),
+            int(d["max_model_len"]),
+            int(d["blocks_total"]),
+            int(d["pin_budget_blocks"]),
+        )
+
+    async def tokenizer_payload(self) -> dict[str, Any]:
+        return dict(await self._get("/v1/tokenizer"))
+
+    async def load(self) -> WorkerLoad:
+        d = await self._get("/v1/load")
+        return WorkerLoad(
+            bool(d["healthy"]),
+            str(d["boot_id"]),
+            int(d["running"]),
+            int(d["waiting"]),
+            int(d["outstanding_tokens"]),
+            wire.stats_from_wire(d["stats"]),
+        )
+
+    async def abort(self, request_id: str) -> None:
+        await self._call("POST", "/v1/abort", {"rid": request_id})
+
+    async def pin(self, namespace: str, token_ids: Sequence[int]) -> PinHandle:
+        d = await self._call("POST", "/v1/pin", {"ns": namespace, "ids": list(token_ids)})
+        return wire.pin_from_wire(d["handle"])
+
+    async def unpin(self, handle: PinHandle) -> None:
+        await self._call("POST", "/v1/unpin", {"handle": wire.pin_to_wire(handle)})
+
+    async def events(self) -> AsyncIterator[list[list[Any]]]:
+        """KV event batches until the worker ends the stream or the connection breaks."""
+        try:
+            resp = await self._session.get(
+                self.url + "/v1/events", headers=self._headers, timeout=self._stream_timeout
+            )
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise WorkerUnavailable(f"worker unreachable: {type(exc).__name__}") from None
+        async with resp:
+            if resp.status != 200:
+                raise WorkerUnavailable(f"worker answered {resp.status} on /v1/events")
+            try:
+                async for line in resp.content:
+                    batch = wire.decode(line)
+                    if batch:
+                        yield batch
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                raise WorkerUnavailable(f"event stream lost: {type(exc).__name__}") from None
+
+    async def generate(
+        self,
+        token_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        namespace: str,
+        request_id: str,
+        priorities: Sequence[PriorityRange] = (),
+    ) -> AsyncIterator[RequestOutput]:
+        """Outputs as ``AsyncEngine.generate`` yields them. Closing the iterator early closes
+        the connection, which aborts the request on the worker."""
+        body = {
+            "ids": list(token_ids),
+            "params": wire.params_to_wire(params),
+            "ns": namespace,
+            "rid": request_id,
+        }
+        if priorities:
+            body["prio"] = wire.priorities_to_wire(tuple(priorities))
+        try:
+            resp = await self._session.post(
+                self.url + "/v1/generate",
+                data=wire.encode(body),
+                headers=self._headers,
+                timeout=self._stream_timeout,
+            )
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise WorkerUnavailable(f"worker unreachable: {type(exc).__name__}") from None
+        async with resp:
+            async for out in _Decoder(request_id, len(token_ids)).outputs(resp):
+                yield out
+
+
+class _Decoder:
+    """Frames of one generate response -> RequestOutputs (token deltas summed here)."""
+
+    def __init__(self, request_id: str, num_prompt_tokens: int) -> None:
+        self._rid = request_id
+        self._n_prompt = num_prompt_tokens
+        self._tokens: list[int] = []
+        self._cached = 0
+        self._metrics = RequestMetrics(arrival_time=0.0)
+        self._delivered = False
+
+    async def outputs(self, resp: aiohttp.ClientResponse) -> AsyncIterator[RequestOutput]:
+        if resp.status != 200:
+            payload = await self._read(resp, resp.read())
+            d = wire.decode(payload) if payload else {}
+            if isinstance(d, dict) and "e" in d and resp.status == 400:
+                raise wire.error_from_wire(d["e"])
+            raise WorkerUnavailable(f"worker answered {resp.status} on /v1/generate")
+        while True:
+            line = await self._read(resp, resp.content.readline())
+            if not line:
+                raise self._broken("the stream ended before the final output")
+            d = wire.decode(line)
+            if "e" in d:
+                raise wire.error_from_wire(d["e"])
+            out = self._output(d)
+            self._delivered = True
+            yield out
+            if out.finished:
+                return
+
+    async def _read(self, resp: aiohttp.ClientResponse, op: Any) -> bytes:
+        try:
+            return bytes(await op)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise self._broken(f"connection lost: {type(exc).__name__}") from None
+
+    def _broken(self, why: str) -> EngineDead:
+        return WorkerLost(why) if self._delivered else WorkerUnavailable(why)
+
+    def _output(self, d: dict[str, Any]) -> RequestOutput:
+        new = tuple(d["n"])
+        self._tokens.extend(new)
+        if "m" in d:
+            self._metrics = wire.metrics_from_wire(d["m"])
+            self._cached = int(d["c"])
+        finished = bool(d.get("f"))
+        if finished and list(d["t"]) != self._tokens:
+            raise wire.WireError("final token ids differ from the sum of the deltas")
+        err = d.get("err")
+        return RequestOutput(
+            request_id=self._rid,
+            num_prompt_tokens=self._n_prompt,
+            token_ids=tuple(self._tokens),
+            new_token_ids=new,
+            num_cached_tokens=self._cached,
+            finished=finished,
+            finish_reason=d.get("r"),
+            metrics=self._metrics,
+            error=wire.error_from_wire(err) if err is not None else None,
+            new_logprobs=wire.logprobs_from_wire(d.get("lp")),
+        )

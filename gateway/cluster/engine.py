@@ -1,0 +1,336 @@
+"""``ClusterEngine``: the gateway's engine when the engine runs in worker processes.
+
+It answers the calls the gateway makes of an ``AsyncEngine`` (generate, abort, pin_prefix,
+unpin, cache_stats, tokenizer, max_model_len, start, shutdown, is_running), so views, the pin
+manager and telemetry do not care where the engine runs. Behind it::
+
+    health loop (every health_s): resolve KVGATE_WORKERS, poll each worker's load; a worker
+        failing DOWN_AFTER_FAILURES checks in a row is taken out, one answering again (or
+        restarted: new boot id) is taken in -> placement recomputed, pins reconciled
+    KV event stream per healthy worker -> KvIndex (conversation affinity)
+    generate: route (gateway/cluster/router.py); a worker that fails before the first output
+        is taken out and the request goes to the next one; a stream that breaks after outputs
+        were delivered ends with WorkerLost (the client gets an SSE error event)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import aiohttp
+import structlog
+
+from engine.errors import EngineClosed, EngineOverloaded, PinRejected
+from engine.kv import CacheStats, PriorityRange
+from engine.outputs import RequestOutput
+from engine.params import SamplingParams
+from engine.worker import wire
+from gateway.cluster.client import WorkerClient, WorkerInfo, WorkerUnavailable
+from gateway.cluster.discovery import resolve_workers
+from gateway.cluster.kvindex import KvIndex
+from gateway.cluster.loadstats import LoadStats
+from gateway.cluster.members import Member
+from gateway.cluster.placer import Placer, TenantPin, placement_key
+from gateway.cluster.router import Route, choose
+
+log = structlog.get_logger(__name__)
+
+
+class ClusterEngine:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        token: str,
+        *,
+        tokenizer: Any,
+        info: WorkerInfo,
+        health_s: float = 1.0,
+        spill_queue_s: float = 0.5,
+        replica_rate: float = 2.0,
+        load_stats: LoadStats | None = None,
+        on_close: Any = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = info.max_model_len
+        self.block_size = info.block_size
+        self._endpoints = tuple(endpoints)
+        self._token = token
+        self._health_s = health_s
+        self._spill_queue_s = spill_queue_s
+        self._stats = load_stats or LoadStats(None, "", 10.0)
+        self._on_close = on_close  # e.g. stop the local worker process
+        self.members: dict[str, Member] = {}  # by url
+        self.placer = Placer(replica_rate)
+        self.index = KvIndex()
+        self._flights: dict[str, Member] = {}  # request id -> worker serving it
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._streams: dict[str, asyncio.Task[Any]] = {}  # url -> KV event task
+        self._dirty = asyncio.Event()
+        self._replicas: dict[str, int] = {}
+        self._started = False
+        self._closed = False
+        self.retries = 0
+        self.failovers = 0
+
+    # ------------------------------------------------------------------ view of the cluster
+
+    @property
+    def is_running(self) -> bool:
+        return self._started and not self._closed and any(self.healthy().values())
+
+    def healthy(self) -> dict[str, Member]:
+        """Healthy workers by worker id (one member per id)."""
+        out: dict[str, Member] = {}
+        for m in self.members.values():
+            if m.healthy and m.worker_id not in out:
+                out[m.worker_id] = m
+        return out
+
+    def cache_stats(self) -> CacheStats:
+        """Sum over healthy workers, as of their last load poll."""
+        stats = [m.load.stats for m in self.healthy().values() if m.load is not None]
+        fields = CacheStats.__dataclass_fields__
+        return CacheStats(**{f: sum(getattr(s, f) for s in stats) for f in fields})
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._closed:
+            raise EngineClosed("the cluster client was shut down")
+        if self._started:
+            return
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, enable_cleanup_closed=True)
+        )
+        self._started = True
+        await self._check_all()
+        self._spawn(self._health_loop())
+        self._spawn(self._reconcile_loop())
+        self._dirty.set()
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in [*self._tasks, *self._streams.values()]:
+            task.cancel()
+        for task in [*self._tasks, *self._streams.values()]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._session is not None:
+            await self._session.close()
+        await self._stats.close()
+        if self._on_close is not None:
+            await self._on_close()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ------------------------------------------------------------------ health and placement
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._health_s)
+            try:
+                await self._check_all()
+            except Exception:  # the loop must survive anything one round throws
+                log.exception("cluster_health_round_failed")
+
+    async def _check_all(self) -> None:
+        assert self._session is not None
+        for url in await resolve_workers(self._endpoints):
+            if url not in self.members:
+                client = WorkerClient(url, self._token, self._session, timeout_s=self._health_s)
+                self.members[url] = Member(url, client)
+        results = await asyncio.gather(*(self._check(m) for m in self.members.values()))
+        rates = await self._stats.refresh()
+        replicas = {d.key: d.replicas for d in self.placer.demands(rates, len(self.healthy()))}
+        if any(results) or replicas != self._replicas:
+            self._replicas = replicas
+            self._dirty.set()
+
+    async def _check(self, m: Member) -> bool:
+        """Poll one worker; True when its membership changed."""
+        try:
+            load = await m.client.load()
+            if not load.healthy:
+                raise WorkerUnavailable("the worker's engine is not running")
+            same = m.healthy and m.info is not None and m.info.boot_id == load.boot_id
+            info = m.info if same else await m.client.info()
+        except (WorkerUnavailable, wire.WireError, KeyError, ValueError):
+            return self._take_out(m) if m.failed() else False
+        m.failures = 0
+        m.observed(load)
+        if load.waiting == 0:
+            m.record_queue_delay(0.0)
+        if same:
+            return False
+        m.info, m.healthy = info, True
+        log.info("cluster_worker_up", worker=m.worker_id)
+        self._watch_events(m)
+        return True
+
+    def _take_out(self, m: Member) -> bool:
+        m.healthy = False
+        m.failures = max(m.failures, 1)
+        self.failovers += 1
+        self.index.drop_worker(m.worker_id)
+        task = self._streams.pop(m.url, None)
+        if task is not None:
+            task.cancel()
+        log.warning("cluster_worker_down", worker=m.worker_id)
+        return True
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            try:
+                await self.placer.reconcile(self.healthy(), self._stats.rates)
+            except Exception:
+                log.exception("cluster_reconcile_failed")
+
+    async def settle(self) -> None:
+        """Reconcile now (pins follow the current placement when this returns)."""
+        await self.placer.reconcile(self.healthy(), self._stats.rates)
+
+    def _watch_events(self, m: Member) -> None:
+        old = self._streams.pop(m.url, None)
+        if old is not None:
+            old.cancel()
+        self._streams[m.url] = asyncio.get_running_loop().create_task(self._events(m))
+
+    async def _events(self, m: Member) -> None:
+        wid = m.worker_id
+        try:
+            async for batch in m.client.events():
+                self.index.apply(wid, batch)
+        except (WorkerUnavailable, wire.WireError):
+            pass  # the health loop notices and takes it out, or resubscribes on recovery
+        finally:
+            self.index.drop_worker(wid)
+            if self._streams.get(m.url) is asyncio.current_task():
+                del self._streams[m.url]
+
+    # ------------------------------------------------------------------ pins
+
+    async def pin_tenant(
+        self, tenant_id: str, namespace: str, token_ids: Sequence[int]
+    ) -> TenantPin:
+        """Pin a tenant's prompt on its placement set; returns when the set has it."""
+        pin = TenantPin(tenant_id, namespace, tuple(token_ids), self.block_size)
+        if pin.blocks == 0:
+            raise PinRejected("prefix shorter than one KV block", reason="too_short")
+        self.placer.pins[pin.key] = pin
+        await self.settle()
+        return pin
+
+    async def pin_prefix(self, namespace: str, token_ids: Sequence[int]) -> TenantPin:
+        return await self.pin_tenant(placement_key(namespace), namespace, token_ids)
+
+    async def unpin(self, handle: TenantPin) -> None:
+        await self.placer.release(handle, self.healthy())
+
+    # ------------------------------------------------------------------ requests
+
+    async def generate(
+        self,
+        token_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        namespace: str = "default",
+        request_id: str | None = None,
+        priorities: Sequence[PriorityRange] = (),
+    ) -> AsyncIterator[RequestOutput]:
+        if self._closed:
+            raise EngineClosed("the cluster client was shut down")
+        rid = request_id if request_id is not None else f"req-{uuid.uuid4().hex}"
+        key = placement_key(namespace)
+        self._stats.record(key)
+        cost = len(token_ids) + params.max_tokens
+        tried: set[str] = set()
+        while True:
+            route = self._route(key, namespace, token_ids, tried)
+            m = route.member
+            stream = aiter(
+                m.client.generate(
+                    token_ids, params, namespace=namespace, request_id=rid, priorities=priorities
+                )
+            )
+            m.local_tokens += cost
+            m.inflight += 1
+            self._flights[rid] = m
+            try:
+                first = await anext(stream)
+            except (WorkerUnavailable, EngineOverloaded) as exc:
+                self._leave(rid, m, cost)
+                await _close(stream)
+                tried.add(m.worker_id)
+                self.retries += 1
+                if isinstance(exc, WorkerUnavailable) and m.healthy:
+                    self._take_out(m)  # the health loop takes it back in once it answers
+                    self._dirty.set()
+                continue
+            except BaseException:
+                self._leave(rid, m, cost)
+                await _close(stream)
+                raise
+            break
+        m.routed[route.reason if not tried else "retry"] += 1
+        try:
+            out = first
+            while True:
+                yield out
+                if out.finished:
+                    q = out.metrics.queue_time
+                    if q is not None:
+                        m.record_queue_delay(q)
+                    return
+                out = await anext(stream)
+        finally:
+            self._leave(rid, m, cost)
+            await _close(stream)
+
+    def _route(self, key: str, namespace: str, ids: Sequence[int], tried: set[str]) -> Route:
+        members = [m for w, m in self.healthy().items() if w not in tried]
+        pin = self.placer.pins.get(key)
+        pinned_blocks = pin.blocks if pin is not None else 0
+        blocks, holders = self.index.longest(namespace, ids, self.block_size)
+        affinity = holders if blocks > pinned_blocks else frozenset()
+        route = choose(
+            members, self.placer.placement.workers_of(key), key, affinity, self._spill_queue_s
+        )
+        if route is None:
+            raise WorkerUnavailable("no healthy worker can take the request")
+        return route
+
+    def _leave(self, rid: str, m: Member, cost: int) -> None:
+        if self._flights.get(rid) is m:
+            del self._flights[rid]
+            m.local_tokens -= cost
+            m.inflight -= 1
+
+    async def abort(self, request_id: str) -> None:
+        m = self._flights.get(request_id)
+        if m is not None:
+            with contextlib.suppress(WorkerUnavailable):
+                await m.client.abort(request_id)
+
+    def check_integrity(self) -> None:
+        for m in self.members.values():
+            m.check_integrity()
+        assert all(m.inflight > 0 for m in self._flights.values()), "flight without inflight"
+        self.placer.check_integrity()
+
+
+async def _close(stream: Any) -> None:
+    with contextlib.suppress(Exception):
+        await stream.aclose()

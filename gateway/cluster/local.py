@@ -1,0 +1,102 @@
+"""The one local worker ``kvgate serve`` starts when ``KVGATE_WORKERS`` is unset.
+
+It is ``kvgate worker`` in a child process on a free loopback port, with a fresh random token,
+the parent's environment (so every ``KVGATE_*`` engine setting applies) and its standard input
+on a pipe: when the gateway process ends, however it ends, the pipe closes and the worker stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+
+from engine.worker.main import READY_PREFIX
+
+
+class LocalWorkerError(RuntimeError):
+    """The local worker did not start (its output is in the message)."""
+
+
+class LocalWorker:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, token: str) -> None:
+        self.proc = proc
+        self.url = url
+        self.token = token
+
+    @classmethod
+    def start(
+        cls,
+        model_dir: str,
+        timeout_s: float = 300.0,
+        *,
+        worker_id: str | None = None,
+        token: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> LocalWorker:
+        """Start the worker and wait until it listens (it loads the model first)."""
+        token = token or secrets.token_urlsafe(32)
+        env = {**(os.environ if env is None else env), "KVGATE_WORKER_TOKEN": token}
+        cmd = [sys.executable, "-m", "gateway.cli", "worker", "--host", "127.0.0.1", "--port",
+               "0", "--model", model_dir, "--exit-with-stdin"]  # fmt: skip
+        if worker_id is not None:
+            cmd += ["--id", worker_id]
+        proc = subprocess.Popen(
+            cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None
+        )
+        url = _read_ready(proc, timeout_s)
+        return cls(proc, url, token)
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        proc = self.proc
+        if proc.poll() is None:
+            with contextlib.suppress(OSError):
+                proc.terminate()
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+
+def _read_ready(proc: subprocess.Popen[bytes], timeout_s: float) -> str:
+    lines: list[str] = []
+    found: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            if line.startswith(READY_PREFIX):
+                found.append(line[len(READY_PREFIX) :])
+                return
+            lines.append(line)
+
+    reader = threading.Thread(target=read, name="kvgate-local-worker", daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not found:
+        proc.kill()
+        proc.wait()
+        tail = "\n".join(lines[-20:])
+        raise LocalWorkerError(f"the local worker did not start (exit {proc.returncode}):\n{tail}")
+    # Keep draining stdout so the worker never blocks on a full pipe.
+    threading.Thread(target=_drain, args=(proc,), daemon=True).start()
+    return found[0]
+
+
+def _drain(proc: subprocess.Popen[bytes]) -> None:
+    assert proc.stdout is not None
+    with contextlib.suppress(Exception):
+        for _ in proc.stdout:
+            pass

@@ -1,0 +1,54 @@
+"""The gateway's view of one worker: identity, health, load, and routing counters."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from gateway.cluster.client import WorkerClient, WorkerInfo, WorkerLoad
+
+DOWN_AFTER_FAILURES = 2  # consecutive failed health checks before a worker is taken out
+_EWMA = 0.2  # weight of the newest queue-delay sample
+
+
+@dataclass(eq=False)
+class Member:
+    url: str
+    client: WorkerClient
+    info: WorkerInfo | None = None
+    healthy: bool = False
+    failures: int = 0
+    load: WorkerLoad | None = None
+    local_tokens: int = 0  # outstanding tokens of this gateway's requests on it
+    other_tokens: int = 0  # other gateways' share at the last load poll
+    queue_delay_s: float = 0.0  # EWMA of engine queue time of requests it served for us
+    routed: Counter[str] = field(default_factory=Counter)  # routing reason -> requests
+    inflight: int = 0
+
+    @property
+    def worker_id(self) -> str:
+        return self.info.worker_id if self.info is not None else self.url
+
+    @property
+    def cost(self) -> int:
+        """Outstanding tokens on the worker: ours (exact) + the others' (one poll old)."""
+        return self.local_tokens + self.other_tokens
+
+    def observed(self, load: WorkerLoad) -> None:
+        self.load = load
+        self.other_tokens = max(0, load.outstanding_tokens - self.local_tokens)
+
+    def record_queue_delay(self, seconds: float) -> None:
+        self.queue_delay_s += _EWMA * (max(0.0, seconds) - self.queue_delay_s)
+
+    def failed(self) -> bool:
+        """Count a failed check; True when this takes a healthy worker out."""
+        self.failures += 1
+        if self.healthy and self.failures >= DOWN_AFTER_FAILURES:
+            self.healthy = False
+            return True
+        return False
+
+    def check_integrity(self) -> None:
+        assert self.local_tokens >= 0 and self.inflight >= 0, f"{self.url}: negative load"
+        assert not self.healthy or self.info is not None, f"{self.url}: healthy without info"

@@ -1,0 +1,170 @@
+"""Pinned tenant prompts across workers: the placement's desired state made real.
+
+``TenantPin`` is what the gateway's pin manager holds for a tenant's prompt version; its
+per-worker engine handles change as the placement changes. ``Placer.reconcile`` brings the
+workers in line with ``place(...)`` over the healthy workers, in this order::
+
+    forget handles on workers that are gone or restarted (their pins died with them)
+    unpin where a tenant is no longer placed (frees budget first)
+    pin where a tenant is newly placed (concurrently, a few at a time)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from hashlib import blake2b
+
+import structlog
+
+from engine.errors import EngineError
+from engine.kv import PinHandle
+from gateway.cluster.members import Member
+from gateway.cluster.placement import (
+    Placement,
+    TenantDemand,
+    WorkerSlot,
+    heat_level,
+    place,
+    replicas_for,
+)
+
+log = structlog.get_logger(__name__)
+PIN_CONCURRENCY = 4
+
+
+def placement_key(namespace: str) -> str:
+    """A tenant's placement key: a digest of its cache namespace (the salt is never shown)."""
+    return blake2b(namespace.encode(), digest_size=8, person=b"kvgate-pl").hexdigest()
+
+
+@dataclass(eq=False)
+class TenantPin:
+    tenant_id: str
+    namespace: str = field(repr=False)
+    token_ids: tuple[int, ...] = field(repr=False)
+    block_size: int
+    handles: dict[str, tuple[str, PinHandle]] = field(default_factory=dict)  # worker -> (boot, h)
+    rejected: dict[str, str] = field(default_factory=dict)  # worker -> reason
+
+    @property
+    def key(self) -> str:
+        return placement_key(self.namespace)
+
+    @property
+    def blocks(self) -> int:
+        return len(self.token_ids) // self.block_size
+
+    def workers(self, live: Mapping[str, object]) -> list[str]:
+        """Workers holding the pin among ``live`` ones."""
+        return sorted(w for w in self.handles if w in live)
+
+    # Read like an engine PinHandle by the pin manager's cache report (one replica's view).
+    @property
+    def block_ids(self) -> tuple[int, ...]:
+        return next(iter(self.handles.values()))[1].block_ids if self.handles else ()
+
+    @property
+    def num_tokens(self) -> int:
+        return self.blocks * self.block_size if self.handles else 0
+
+
+class Placer:
+    def __init__(self, replica_rate: float) -> None:
+        self._replica_rate = replica_rate
+        self.pins: dict[str, TenantPin] = {}  # placement key -> pin
+        self.placement = Placement({})
+        self.last_reconcile_s = 0.0  # how long the latest reconcile took
+        self.moves = 0  # pins taken or released by reconciles, in total
+        self._sem = asyncio.Semaphore(PIN_CONCURRENCY)
+
+    def demands(self, rates: Mapping[str, float], num_workers: int) -> list[TenantDemand]:
+        return [
+            TenantDemand(
+                key,
+                pin.blocks,
+                replicas_for(rates.get(key, 0.0), self._replica_rate, num_workers),
+                heat_level(rates.get(key, 0.0)),
+            )
+            for key, pin in self.pins.items()
+        ]
+
+    def plan(self, members: Mapping[str, Member], rates: Mapping[str, float]) -> Placement:
+        slots = [
+            WorkerSlot(wid, m.info.pin_budget_blocks)
+            for wid, m in sorted(members.items())
+            if m.info is not None
+        ]
+        return place(slots, self.demands(rates, len(slots)))
+
+    async def reconcile(self, members: Mapping[str, Member], rates: Mapping[str, float]) -> None:
+        """``members``: healthy workers by id."""
+        started = time.monotonic()
+        self.placement = plan = self.plan(members, rates)
+        jobs = []
+        for pin in list(self.pins.values()):
+            want = set(plan.workers_of(pin.key))
+            for wid, (boot, _) in list(pin.handles.items()):
+                m = members.get(wid)
+                if m is not None and m.info is not None and m.info.boot_id != boot:
+                    del pin.handles[wid]  # restarted: the pin died with the old process
+            # Handles on workers that are down are kept: if one comes back (same boot) its
+            # pins are still there, and either used again or released then.
+            for wid in sorted(set(pin.handles) - want):
+                if wid in members:
+                    jobs.append(self._unpin_one(pin, members[wid]))
+            for wid in sorted(want - set(pin.handles)):
+                jobs.append(self._pin_one(pin, members[wid]))
+        await asyncio.gather(*jobs)
+        self.last_reconcile_s = time.monotonic() - started
+
+    async def _pin_one(self, pin: TenantPin, m: Member) -> None:
+        assert m.info is not None
+        boot = m.info.boot_id
+        async with self._sem:
+            if self.pins.get(pin.key) is not pin:
+                return  # unpinned meanwhile
+            try:
+                handle = await m.client.pin(pin.namespace, pin.token_ids)
+            except EngineError as exc:
+                pin.rejected[m.worker_id] = getattr(exc, "reason", None) or type(exc).__name__
+                log.info("cluster_pin_failed", tenant=pin.tenant_id, worker=m.worker_id)
+                return
+        pin.rejected.pop(m.worker_id, None)
+        self.moves += 1
+        if self.pins.get(pin.key) is not pin:  # unpinned while pinning: give it back
+            await _quiet_unpin(m, handle)
+            return
+        pin.handles[m.worker_id] = (boot, handle)
+
+    async def _unpin_one(self, pin: TenantPin, m: Member) -> None:
+        _, handle = pin.handles.pop(m.worker_id)
+        self.moves += 1
+        await _quiet_unpin(m, handle)
+
+    async def release(self, pin: TenantPin, members: Mapping[str, Member]) -> None:
+        """Forget ``pin`` and unpin it everywhere it is pinned."""
+        if self.pins.get(pin.key) is pin:
+            del self.pins[pin.key]
+        handles, pin.handles = pin.handles, {}
+        jobs = []
+        for wid, (boot, handle) in handles.items():
+            m = members.get(wid)
+            if m is not None and m.info is not None and m.info.boot_id == boot:
+                jobs.append(_quiet_unpin(m, handle))
+        await asyncio.gather(*jobs)
+
+    def check_integrity(self) -> None:
+        for key, pin in self.pins.items():
+            assert pin.key == key, f"{pin.tenant_id}: pin filed under a wrong key"
+            assert not set(pin.handles) & set(pin.rejected), f"{pin.tenant_id}: pinned+rejected"
+        self.placement.check_integrity()
+
+
+async def _quiet_unpin(m: Member, handle: PinHandle) -> None:
+    try:
+        await m.client.unpin(handle)
+    except EngineError as exc:  # the worker is going away: so is the pin
+        log.info("cluster_unpin_failed", worker=m.worker_id, error=type(exc).__name__)

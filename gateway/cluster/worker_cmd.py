@@ -1,0 +1,51 @@
+"""``kvgate worker [--host H] [--port P] [--model DIR] [--id ID]``: one engine worker process.
+
+The engine settings are the gateway's (``KVGATE_MODEL``, ``KVGATE_BLOCK_SIZE``,
+``KVGATE_KV_CACHE_BYTES``, ``KVGATE_PIN_CAP_FRACTION``, ``KVGATE_DEVICE``, ...); the internal API
+is authenticated with ``KVGATE_WORKER_TOKEN`` (required).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+from collections.abc import Sequence
+
+from gateway.settings import Settings, SettingsError
+
+
+def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="kvgate worker", description="run one engine worker")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8100, help="listen port (0: any free port)")
+    p.add_argument("--model", help="model directory (default: KVGATE_MODEL, else the demo model)")
+    p.add_argument("--id", help="worker id for placement (default: KVGATE_WORKER_ID, host:port)")
+    p.add_argument("--exit-with-stdin", action="store_true", help="stop when stdin closes")
+    return p.parse_args(list(argv))
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parse_args(argv[1:])  # argv[0] is "worker"
+    try:
+        settings = Settings.from_env(os.environ)
+    except SettingsError as exc:
+        print(f"kvgate worker: configuration error: {exc}", file=sys.stderr)
+        return 2
+    token = settings.cluster.worker_token
+    if not token:
+        print("kvgate worker: KVGATE_WORKER_TOKEN must be set", file=sys.stderr)
+        return 2
+    model_dir = args.model or settings.model.path
+    if model_dir is None:
+        from gateway.serve import ensure_demo_model
+
+        model_dir = str(ensure_demo_model(settings.server.var_dir))
+    worker_id = args.id or settings.cluster.worker_id or f"{socket.gethostname()}:{args.port}"
+    from engine.worker.main import build_app, serve_worker
+
+    app = build_app(model_dir, token, worker_id, **settings.model.engine_overrides())
+    asyncio.run(serve_worker(app, args.host, args.port, exit_with_stdin=args.exit_with_stdin))
+    return 0
