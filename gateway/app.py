@@ -117,7 +117,6 @@ def create_app(
     app.router.add_get("/v1/models", views.list_models)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
-    app.router.add_get("/metrics", _metrics)
     return app
 
 
@@ -199,7 +198,7 @@ async def _healthz(request: web.Request) -> web.Response:
 
 async def _readyz(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    checks: dict[str, bool] = {"draining": not state.draining}
+    checks: dict[str, bool] = {"accepting": not state.draining}  # false once shutdown began
     try:
         async with state.store.sessions() as session:
             await session.execute(text("SELECT 1"))
@@ -212,11 +211,6 @@ async def _readyz(request: web.Request) -> web.Response:
     checks["pins"] = state.pins.ready.is_set()
     ok = all(checks.values())
     return web.json_response({"ready": ok, "checks": checks}, status=200 if ok else 503)
-
-
-async def _metrics(request: web.Request) -> web.Response:
-    body = request.app[TELEMETRY].metrics.render()
-    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
 async def _cors_headers(request: web.Request, response: web.StreamResponse) -> None:

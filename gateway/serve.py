@@ -8,6 +8,9 @@ With no configuration at all this is the embedded default, ready to use:
                                  itself is printed once, then never again)
     in-process rate limiter      (KVGATE_REDIS_URL unset)
 
+Prometheus metrics are served on a listener of their own (KVGATE_METRICS_HOST, default
+127.0.0.1, and KVGATE_METRICS_PORT, default 9464; 0 disables it), never on the public port.
+
 Shutdown is graceful: listening stops at once, in-flight streams get KVGATE_SHUTDOWN_TIMEOUT_S
 to finish, then are cancelled (which aborts their engine requests).
 """
@@ -86,6 +89,18 @@ def prepare_database(url: str) -> None:
         asyncio.run(upgrade_to_head(url))
 
 
+def _serve_metrics(app: web.Application, settings: Settings) -> None:
+    """/metrics on its own listener (KVGATE_METRICS_HOST:KVGATE_METRICS_PORT; port 0: none)."""
+    from gateway.context import TELEMETRY
+    from gateway.telemetry import MetricsListener, metrics_listener
+
+    server = settings.server
+    if server.metrics_port:
+        listener = MetricsListener(server.metrics_host, server.metrics_port)
+        app.cleanup_ctx.append(metrics_listener(listener, app[TELEMETRY].metrics.render))
+        print(f"kvgate serve: metrics on {server.metrics_host}:{server.metrics_port}", flush=True)
+
+
 def main(argv: Sequence[str]) -> int:
     args = _parse_args(argv[1:])  # argv[0] is "serve"
     try:
@@ -104,6 +119,7 @@ def main(argv: Sequence[str]) -> int:
     if new_token is not None:
         print(f"kvgate serve: admin token (shown once, keep it): {new_token}", flush=True)
     app = create_app(settings, model_dir=model_dir, local_worker=True)
+    _serve_metrics(app, settings)
     host = args.host or settings.server.host
     port = settings.server.port if args.port is None else args.port
     web.run_app(

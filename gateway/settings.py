@@ -93,6 +93,13 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_CONFIG", _opt_str, "", "optional TOML file with any of these variables"),
     Variable("KVGATE_HOST", _str, "127.0.0.1", "listen address of `kvgate serve`"),
     Variable("KVGATE_PORT", _port, "8000", "listen port of `kvgate serve`"),
+    Variable("KVGATE_METRICS_HOST", _str, "127.0.0.1", "listen address of the /metrics listener"),
+    Variable(
+        "KVGATE_METRICS_PORT",
+        _port,
+        "9464",
+        "port of the /metrics listener (never the public port); 0: no metrics listener",
+    ),
     Variable("KVGATE_VAR_DIR", _str, "var", "embedded state: SQLite file, demo model"),
     Variable(
         "KVGATE_SHUTDOWN_TIMEOUT_S", _positive_float, "10", "graceful shutdown: streams may finish"
@@ -193,6 +200,8 @@ class ServerSettings:
     var_dir: Path
     shutdown_timeout_s: float
     max_body_bytes: int
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9464  # 0: no metrics listener
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> ServerSettings:
@@ -202,6 +211,8 @@ class ServerSettings:
             var_dir=Path(value(src, "KVGATE_VAR_DIR")),
             shutdown_timeout_s=value(src, "KVGATE_SHUTDOWN_TIMEOUT_S"),
             max_body_bytes=value(src, "KVGATE_MAX_BODY_BYTES"),
+            metrics_host=value(src, "KVGATE_METRICS_HOST"),
+            metrics_port=value(src, "KVGATE_METRICS_PORT"),
         )
 
 

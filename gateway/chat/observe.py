@@ -41,9 +41,18 @@ def _epoch_ns(monotonic_s: float) -> int:
 
 class RequestObserver:
     def __init__(
-        self, telemetry: Telemetry, request_id: str, tenant_id: str, started: float
+        self,
+        telemetry: Telemetry,
+        request_id: str,
+        tenant_id: str,
+        started: float,
+        *,
+        key_id: str | None = None,
+        end_user_id: str | None = None,
     ) -> None:
         self._tel = telemetry
+        self.key_id = key_id  # the key's id (its public handle), never the key
+        self.end_user_id = end_user_id  # when the request names one
         self.request_id = request_id
         self.tenant_id = tenant_id
         self.started = started
@@ -172,6 +181,7 @@ class RequestObserver:
         fields: dict[str, Any] = {
             "request_id": self.request_id,
             "tenant": self.tenant_id,
+            "key_id": self.key_id,
             "trace_id": format(ctx.trace_id, "032x") if ctx.is_valid else None,
             "status": status,
             "stream": self.stream,
@@ -187,6 +197,8 @@ class RequestObserver:
             )
         if error:
             fields["error"] = error
+        if self.end_user_id is not None:
+            fields["end_user"] = self.end_user_id
         (log.warning if status >= 500 else log.info)("chat_request", **fields)
 
 

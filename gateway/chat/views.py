@@ -73,7 +73,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         request.app[TELEMETRY].metrics.requests.labels(tenant_id, str(_status_of(exc))).inc()
         raise
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    obs = RequestObserver(request.app[TELEMETRY], rid, principal.runtime.tenant_id, started)
+    obs = RequestObserver(
+        request.app[TELEMETRY],
+        rid,
+        principal.runtime.tenant_id,
+        started,
+        key_id=principal.identity.key_id,
+        end_user_id=principal.end_user_id or body.user,
+    )
     with obs.request_span(body, request.headers):
         status, stats, error = CLIENT_CLOSED, None, None
         try:

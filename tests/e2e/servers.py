@@ -23,6 +23,7 @@ BASE_ENV = {
     "KVGATE_KV_CACHE_BYTES": str(8 << 20),
     "KVGATE_DEFAULT_MAX_TOKENS": "4",
     "KVGATE_SHUTDOWN_TIMEOUT_S": "3",
+    "KVGATE_METRICS_PORT": "0",  # no metrics listener unless a test asks (one port per process)
     "OMP_NUM_THREADS": "1",
 }
 

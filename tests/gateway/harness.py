@@ -23,8 +23,9 @@ from openai import AsyncOpenAI
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.app import create_app
-from gateway.context import STATE
+from gateway.context import STATE, TELEMETRY
 from gateway.settings import Settings
+from gateway.telemetry import MetricsListener, metrics_listener
 
 PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 ADMIN_TOKEN = "test-admin-token-0123456789"
@@ -89,12 +90,14 @@ class LiveGateway:
         runner: web.AppRunner,
         base_url: str,
         spans: InMemorySpanExporter,
+        metrics_url: str = "",
     ) -> None:
         self.app = app
         self.runner = runner
         self._stopped = False
         self.base_url = base_url
         self.spans = spans
+        self.metrics_url = metrics_url  # the metrics listener (never the public port)
         self.http = aiohttp.ClientSession()
         self._clients: list[AsyncOpenAI] = []
 
@@ -161,12 +164,14 @@ async def live_gateway(
 ) -> AsyncIterator[LiveGateway]:
     spans = InMemorySpanExporter()
     app = create_app(settings, model_dir=str(model_dir), span_exporter=spans)
+    metrics = MetricsListener("127.0.0.1", 0)  # as `kvgate serve` does, on a free port
+    app.cleanup_ctx.append(metrics_listener(metrics, app[TELEMETRY].metrics.render))
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     host, port = runner.addresses[0][:2]
-    gw = LiveGateway(app, runner, f"http://{host}:{port}", spans)
+    gw = LiveGateway(app, runner, f"http://{host}:{port}", spans, metrics.url)
     try:
         await app[STATE].pins.ready.wait()
         yield gw

@@ -50,7 +50,7 @@ async def test_disconnect_mid_stream_aborts_and_frees_blocks_and_lease(
         assert info["inflight_requests"] == 0
         resp = await client.chat.completions.create(**{**stream_body(gw, 2), "stream": False})
         assert resp.choices[0].finish_reason == "length"
-        metrics = await (await gw.http.get(f"{gw.base_url}/metrics")).text()
+        metrics = await (await gw.http.get(gw.metrics_url)).text()
         assert f'kvgate_requests_total{{status="499",tenant="{t.id}"}} 1.0' in metrics
 
 

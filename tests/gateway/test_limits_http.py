@@ -53,7 +53,7 @@ async def check_rpm_limit(gw: LiveGateway) -> None:
         assert exc.response.headers["retry-after"]
     else:
         raise AssertionError("expected a 429")
-    metrics = await (await gw.http.get(f"{gw.base_url}/metrics")).text()
+    metrics = await (await gw.http.get(gw.metrics_url)).text()
     assert f'kvgate_ratelimit_rejections_total{{reason="requests",tenant="{t.id}"}} 2.0' in metrics
 
 
@@ -113,7 +113,7 @@ async def test_redis_outage_fails_open_and_recovers(
         assert limiter.down and limiter.failovers == 1
         async with gw.http.get(f"{gw.base_url}/readyz") as r:
             assert r.status == 503 and (await r.json())["checks"]["redis"] is False
-        metrics = await (await gw.http.get(f"{gw.base_url}/metrics")).text()
+        metrics = await (await gw.http.get(gw.metrics_url)).text()
         assert "kvgate_ratelimit_redis_down 1.0" in metrics
         assert "kvgate_ratelimit_fallback_decisions_total 1.0" in metrics
 

@@ -80,7 +80,7 @@ async def test_span_metrics_and_log_of_a_request(
         flat = repr(logs)
         assert SECRET_QUESTION not in flat and t.key not in flat and SYSTEM[:30] not in flat
 
-        text = await (await gw.http.get(f"{gw.base_url}/metrics")).text()
+        text = await (await gw.http.get(gw.metrics_url)).text()
         assert f'kvgate_requests_total{{status="200",tenant="{t.id}"}} 1.0' in text
         assert f'kvgate_ttft_seconds_count{{tenant="{t.id}"}} 1.0' in text
         assert f'kvgate_time_per_output_token_seconds_count{{tenant="{t.id}"}} 1.0' in text
@@ -91,14 +91,14 @@ async def test_span_metrics_and_log_of_a_request(
         assert "kvgate_ratelimit_rejections" in text
         async with gw.http.post(f"{gw.base_url}/v1/chat/completions", json={}) as r:
             assert r.status == 401
-        text = await (await gw.http.get(f"{gw.base_url}/metrics")).text()
+        text = await (await gw.http.get(gw.metrics_url)).text()
         assert 'kvgate_requests_total{status="401",tenant=""} 1.0' in text
         too_big = b"x" * (gw.app[SETTINGS].server.max_body_bytes + 1)
         headers = {"Authorization": f"Bearer {t.key}"}
         url = f"{gw.base_url}/v1/chat/completions"
         async with gw.http.post(url, data=too_big, headers=headers) as r:
             assert r.status == 413
-        text = await (await gw.http.get(f"{gw.base_url}/metrics")).text()
+        text = await (await gw.http.get(gw.metrics_url)).text()
         assert f'kvgate_requests_total{{status="413",tenant="{t.id}"}} 1.0' in text
 
 
