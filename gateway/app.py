@@ -16,7 +16,6 @@ from typing import Any
 
 from aiohttp import web
 from opentelemetry.sdk.trace.export import SpanExporter
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine.errors import (
@@ -28,19 +27,24 @@ from engine.errors import (
     RequestAborted,
 )
 from gateway.admin import ADMIN_PREFIX, create_admin_app
-from gateway.auth import CORS_ORIGIN, KeyCache
+from gateway.auth import KeyCache
 from gateway.chat import views
 from gateway.chat.prompt import TemplateMismatch, build_prefix
 from gateway.cluster.admin import add_cluster_view
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState, Telemetry
-from gateway.errors import ApiError, error_middleware, register_error
+from gateway.dbready import database_readiness
+from gateway.errors import error_middleware, register_error
+from gateway.http import content_encoding_middleware
 from gateway.pins import PinManager
 from gateway.ratelimit import FailoverLimiter, Limiter, MemoryLimiter, RedisLimiter, make_client
 from gateway.ratelimit.types import LimiterUnavailable
 from gateway.settings import ModelSettings, Settings
 from gateway.telemetry import GatewayMetrics, make_tracer, make_tracer_provider
-from tenants.db import make_engine, make_session_factory
+from gateway.widget.cors import add_preflight, cors_headers
+from gateway.widget.routes import register_widget
+from tenants.db import make_engine, make_session_factory, within
 from tenants.events import RedisEventBridge
+from tenants.health import DbHealth
 from tenants.keys import LastUsedRecorder
 from tenants.migrate import check_schema
 from tenants.store import TenantStore
@@ -88,16 +92,22 @@ def create_app(
         engine = load_engine(settings.model, path)
     model_name = settings.model.name or _model_name(model_dir or settings.model.path)
     app = web.Application(
-        middlewares=[error_middleware], client_max_size=settings.server.max_body_bytes
+        middlewares=[error_middleware, content_encoding_middleware],
+        client_max_size=settings.server.max_body_bytes,
     )
     app[SETTINGS] = settings
     provider = make_tracer_provider(settings.telemetry, span_exporter)
     exporting = span_exporter is not None or settings.telemetry.otlp_endpoint is not None
     tracer = make_tracer(provider, exporting)
     app[TELEMETRY] = Telemetry(GatewayMetrics(), provider, tracer)
-    db = make_engine(settings.tenants.database_url)  # connects lazily, on first use
+    dbs = settings.database  # every request-path database call is bounded (docs/operations.md)
+    db = make_engine(settings.tenants.database_url, timeout_s=dbs.timeout_s)  # connects lazily
     store = TenantStore(
-        make_session_factory(db), default_limits=settings.tenants.default_limits, engine=db
+        make_session_factory(db),
+        default_limits=settings.tenants.default_limits,
+        engine=db,
+        deadline_s=dbs.timeout_s,
+        health=DbHealth(dbs.retry_s),
     )
     tokenizer = engine.tokenizer
     admin = create_admin_app(
@@ -111,10 +121,11 @@ def create_app(
     app.add_subapp(ADMIN_PREFIX, admin)
     app.cleanup_ctx.append(_lifecycle(store, db, engine, model_name))
     app.on_shutdown.append(_start_draining)
-    app.on_response_prepare.append(_cors_headers)
+    app.on_response_prepare.append(cors_headers)
     app.router.add_post("/v1/chat/completions", views.chat_completions)
-    app.router.add_route("OPTIONS", "/v1/chat/completions", _preflight)
     app.router.add_get("/v1/models", views.list_models)
+    add_preflight(app, "/v1/chat/completions", "/v1/models")
+    register_widget(app, settings)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     return app
@@ -137,6 +148,7 @@ def make_limiter(settings: Settings) -> Limiter:
         MemoryLimiter(rl.lease_ttl_s),
         fail_open=rl.fail_open,
         retry_s=rl.redis_retry_s,
+        share=rl.failover_share,
     )
 
 
@@ -164,7 +176,12 @@ def _lifecycle(store: TenantStore, db: AsyncEngine, engine: Any, model_name: str
             recorder = LastUsedRecorder()
             recorder.start(store.sessions, settings.tenants.last_used_flush_s)
             stack.push_async_callback(_flush_recorder, recorder, store)
-            keys = KeyCache(store, settings.auth.key_cache_ttl_s, on_use=recorder.record)
+            keys = KeyCache(
+                store,
+                settings.auth.key_cache_ttl_s,
+                on_use=recorder.record,
+                stale_max_s=settings.database.stale_max_s,
+            )
             pins = PinManager(engine, engine.tokenizer, store)
             stack.push_async_callback(pins.close)
             state = GatewayState(store, limiter, engine, engine.tokenizer, model_name, keys, pins)
@@ -179,8 +196,8 @@ def _lifecycle(store: TenantStore, db: AsyncEngine, engine: Any, model_name: str
 
 
 async def _flush_recorder(recorder: LastUsedRecorder, store: TenantStore) -> None:
-    with contextlib.suppress(Exception):  # best effort: timestamps only
-        await recorder.aclose(store.sessions)
+    with contextlib.suppress(Exception):  # best effort: timestamps only, bounded
+        await within(store.deadline_s, recorder.aclose(store.sessions))
 
 
 async def _shutdown_provider(tel: Telemetry) -> None:
@@ -188,8 +205,11 @@ async def _shutdown_provider(tel: Telemetry) -> None:
 
 
 async def _start_draining(app: web.Application) -> None:
+    """on_shutdown (listening has stopped): refuse new requests, let chat requests finish
+    until the shutdown deadline, end the rest with a shutdown error (gateway/drain.py)."""
     if STATE in app:
         app[STATE].draining = True
+        await app[STATE].drain.run(app[SETTINGS].server.shutdown_timeout_s)
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -199,40 +219,12 @@ async def _healthz(request: web.Request) -> web.Response:
 async def _readyz(request: web.Request) -> web.Response:
     state = request.app[STATE]
     checks: dict[str, bool] = {"accepting": not state.draining}  # false once shutdown began
-    try:
-        async with state.store.sessions() as session:
-            await session.execute(text("SELECT 1"))
-        checks["database"] = True
-    except Exception:
-        checks["database"] = False
+    database = await database_readiness(state.store, state.keys)  # within about 1 s
+    checks["database"] = database.passing  # passes while degraded (last-known-good)
     if isinstance(state.limiter, FailoverLimiter):
         checks["redis"] = await state.limiter.ping()
     checks["engine"] = bool(state.engine.is_running)
     checks["pins"] = state.pins.ready.is_set()
     ok = all(checks.values())
-    return web.json_response({"ready": ok, "checks": checks}, status=200 if ok else 503)
-
-
-async def _cors_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """Widget requests (their origin checked by the key cache) may be read by that origin."""
-    origin = request.get(CORS_ORIGIN)
-    if origin is not None:
-        response.headers["Access-Control-Allow-Origin"] = origin
-        response.headers["Vary"] = "Origin"
-
-
-async def _preflight(request: web.Request) -> web.Response:
-    """CORS preflight for widget keys; the real request is checked against the key's origins."""
-    origin = request.headers.get("Origin")
-    if origin is None:
-        raise ApiError(400, "CORS preflight without Origin")
-    return web.Response(
-        status=204,
-        headers={
-            "Access-Control-Allow-Origin": origin,
-            "Access-Control-Allow-Methods": "POST, OPTIONS",
-            "Access-Control-Allow-Headers": "authorization, content-type",
-            "Access-Control-Max-Age": "600",
-            "Vary": "Origin",
-        },
-    )
+    body = {"ready": ok, "checks": checks, "database": database.report()}
+    return web.json_response(body, status=200 if ok else 503)

@@ -3,6 +3,8 @@
 With no configuration at all this is the embedded default, ready to use:
 
     var/kvgate.db                SQLite tenant store, migrated to head on first start
+    var/models/                  the default model, SmolLM2-135M-Instruct, downloaded once
+                                 (gateway/default_model.py); offline or KVGATE_DEFAULT_MODEL=demo:
     var/demo-model/              the deterministic demo model, written on first start
     var/admin-token.sha256       hash of the admin token generated on first start (the token
                                  itself is printed once, then never again)
@@ -11,8 +13,10 @@ With no configuration at all this is the embedded default, ready to use:
 Prometheus metrics are served on a listener of their own (KVGATE_METRICS_HOST, default
 127.0.0.1, and KVGATE_METRICS_PORT, default 9464; 0 disables it), never on the public port.
 
-Shutdown is graceful: listening stops at once, in-flight streams get KVGATE_SHUTDOWN_TIMEOUT_S
-to finish, then are cancelled (which aborts their engine requests).
+Shutdown is graceful (gateway/drain.py): listening stops at once, in-flight chat requests get
+KVGATE_SHUTDOWN_TIMEOUT_S to finish; shortly before that deadline the ones still running end
+with a shutdown error (an SSE error event then ``[DONE]`` for streams), and the process exits
+within the timeout plus about a second.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from gateway.default_model import default_model_env
 from gateway.settings import Settings, SettingsError
 
 TOKEN_FILE = "admin-token.sha256"
@@ -106,11 +111,14 @@ def main(argv: Sequence[str]) -> int:
     try:
         base = Settings.from_env(os.environ)
         env, new_token = admin_token_env(os.environ, base.server.var_dir)
+        env = default_model_env(env, base.server.var_dir)
         settings = Settings.from_env(env)
     except SettingsError as exc:
         print(f"kvgate serve: configuration error: {exc}", file=sys.stderr)
         return 2
     from gateway.app import create_app
+    from gateway.drain import grace_s
+    from gateway.ratelimit import LimiterUnavailable
     from gateway.telemetry import configure_logging
 
     configure_logging(settings.telemetry)
@@ -122,13 +130,32 @@ def main(argv: Sequence[str]) -> int:
     _serve_metrics(app, settings)
     host = args.host or settings.server.host
     port = settings.server.port if args.port is None else args.port
-    web.run_app(
-        app,
-        host=host,
-        port=port,
-        shutdown_timeout=settings.server.shutdown_timeout_s,
-        handler_cancellation=True,
-        access_log=None,
-        print=lambda msg: print(f"kvgate serve: {msg}", flush=True),
-    )
+    try:
+        web.run_app(
+            app,
+            host=host,
+            port=port,
+            # The drain (on_shutdown) already waited for the chat requests and cut the late ones;
+            # aiohttp only closes what is left (it waits up to this twice: finish, then cancel).
+            shutdown_timeout=grace_s(settings.server.shutdown_timeout_s) / 2,
+            handler_cancellation=True,
+            access_log=None,
+            print=lambda msg: print(f"kvgate serve: {msg}", flush=True),
+        )
+    except LimiterUnavailable:  # KVGATE_RATELIMIT_FAIL_MODE=closed and no Redis at start
+        print(redis_start_error(settings.ratelimit.redis_url), file=sys.stderr)
+        return 1
     return 0
+
+
+def redis_start_error(url: str | None) -> str:
+    """One line naming the variable; the URL without its credentials."""
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url or "").hostname or "?"
+    port = urlsplit(url or "").port if url else None
+    target = f"{where}:{port}" if port else where
+    return (
+        f"kvgate serve: KVGATE_REDIS_URL: Redis at {target} is unreachable and "
+        "KVGATE_RATELIMIT_FAIL_MODE is closed (set it to open to start without Redis)"
+    )

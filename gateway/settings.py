@@ -9,6 +9,7 @@ a ``SettingsError`` naming the variable.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -20,6 +21,7 @@ from tenants.errors import ConfigError
 from tenants.settings import TenantStoreSettings
 
 PREFIX = "KVGATE_"
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class SettingsError(ValueError):
@@ -61,6 +63,26 @@ def _fraction(raw: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise ValueError("must be in [0, 1]")
     return value
+
+
+def _opt_share(raw: str) -> float | None:
+    if not raw:
+        return None
+    value = float(raw)
+    if not 0.0 < value <= 1.0:
+        raise ValueError("must be in (0, 1]")
+    return value
+
+
+def _int_ge1(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise ValueError("must be >= 1")
+    return value
+
+
+def _cidrs(raw: str) -> tuple[IPNetwork, ...]:
+    return tuple(ipaddress.ip_network(c.strip()) for c in raw.split(",") if c.strip())
 
 
 def _bool(raw: str) -> bool:
@@ -105,7 +127,18 @@ VARIABLES: tuple[Variable, ...] = (
         "KVGATE_SHUTDOWN_TIMEOUT_S", _positive_float, "10", "graceful shutdown: streams may finish"
     ),
     Variable("KVGATE_MAX_BODY_BYTES", _int, "1048576", "largest accepted request body"),
-    Variable("KVGATE_MODEL", _opt_str, "", "HF model directory; unset: demo model under var/"),
+    Variable(
+        "KVGATE_HEADER_TIMEOUT_S", _positive_float, "10", "a request's headers must arrive within"
+    ),
+    Variable("KVGATE_BODY_TIMEOUT_S", _positive_float, "30", "a request's body must arrive within"),
+    Variable("KVGATE_MODEL", _opt_str, "", "HF model dir or .gguf file; unset: the default"),
+    Variable(
+        "KVGATE_DEFAULT_MODEL",
+        _choice("smollm2-135m-instruct", "demo"),
+        "smollm2-135m-instruct",
+        "KVGATE_MODEL unset: SmolLM2-135M-Instruct (downloaded once to var/models/), or the "
+        "random demo model",
+    ),
     Variable("KVGATE_MODEL_NAME", _opt_str, "", "model id served by /v1/models; unset: dir name"),
     Variable("KVGATE_BLOCK_SIZE", _int, "16", "KV cache block size (tokens)"),
     Variable("KVGATE_KV_CACHE_BYTES", _opt_int, "", "KV cache budget; unset: from device memory"),
@@ -126,9 +159,50 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "KVGATE_REDIS_RETRY_S", _positive_float, "1.0", "while failed over: Redis retry interval"
     ),
-    Variable("KVGATE_LEASE_TTL_S", _positive_float, "600", "lease expiry (crash guard)"),
+    Variable(
+        "KVGATE_LEASE_TTL_S",
+        _positive_float,
+        "30",
+        "concurrency lease TTL, renewed every third of it while the request runs",
+    ),
+    Variable(
+        "KVGATE_RATELIMIT_FAILOVER_SHARE",
+        _opt_share,
+        "",
+        "Redis down: share of each limit this replica enforces; unset: 1 / replicas seen",
+    ),
+    Variable("KVGATE_VISITOR_RPM", _int_ge1, "20", "widget visitor requests/minute default"),
+    Variable("KVGATE_VISITOR_TPM", _int_ge1, "20000", "widget visitor tokens/minute default"),
+    Variable("KVGATE_VISITOR_MAX_CONCURRENCY", _int_ge1, "2", "widget visitor concurrency default"),
+    Variable(
+        "KVGATE_TRUSTED_PROXIES",
+        _cidrs,
+        "",
+        "CIDRs whose X-Forwarded-For is believed (client address of widget visitors)",
+    ),
     Variable("KVGATE_ADMIN_TOKEN", _opt_str, "", "admin bearer token; unset: generated, printed"),
     Variable("KVGATE_KEY_CACHE_TTL_S", _positive_float, "5", "API key -> tenant cache lifetime"),
+    Variable(
+        "KVGATE_DB_TIMEOUT_S",
+        _positive_float,
+        "3",
+        "deadline of every tenant-DB call on the request path (checkout, statement, unit of work)",
+    ),
+    Variable(
+        "KVGATE_DB_STALE_MAX_S",
+        _positive_float,
+        "900",
+        "DB unreachable: known keys/tenants served from last-known-good for at most this long",
+    ),
+    Variable(
+        "KVGATE_DB_RETRY_S", _positive_float, "1", "DB marked down: one trial per this interval"
+    ),
+    Variable(
+        "KVGATE_WIDGET_DEMO",
+        _choice("auto", "true", "false"),
+        "auto",
+        "serve the widget demo page /widget/demo; auto: on in the embedded default only",
+    ),
     Variable("KVGATE_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "log level"),
     Variable("KVGATE_LOG_JSON", _bool, "true", "JSON log lines (false: console format)"),
     Variable("KVGATE_SERVICE_NAME", _str, "kvgate-gateway", "OTel service.name"),
@@ -202,6 +276,8 @@ class ServerSettings:
     max_body_bytes: int
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9464  # 0: no metrics listener
+    header_timeout_s: float = 10.0  # first byte of a request -> end of its headers (else 408)
+    body_timeout_s: float = 30.0  # end of the headers -> end of the body (else 408)
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> ServerSettings:
@@ -213,6 +289,8 @@ class ServerSettings:
             max_body_bytes=value(src, "KVGATE_MAX_BODY_BYTES"),
             metrics_host=value(src, "KVGATE_METRICS_HOST"),
             metrics_port=value(src, "KVGATE_METRICS_PORT"),
+            header_timeout_s=value(src, "KVGATE_HEADER_TIMEOUT_S"),
+            body_timeout_s=value(src, "KVGATE_BODY_TIMEOUT_S"),
         )
 
 
@@ -267,6 +345,11 @@ class RateLimitSettings:
     redis_timeout_s: float
     redis_retry_s: float
     lease_ttl_s: float
+    failover_share: float | None = None  # None: 1 / live replicas seen in Redis
+    visitor_rpm: int = 20  # defaults of tenants whose visitor_* limits are NULL
+    visitor_tpm: int = 20_000
+    visitor_max_concurrency: int = 2
+    trusted_proxies: tuple[IPNetwork, ...] = ()
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> RateLimitSettings:
@@ -277,6 +360,11 @@ class RateLimitSettings:
             redis_timeout_s=value(src, "KVGATE_REDIS_TIMEOUT_S"),
             redis_retry_s=value(src, "KVGATE_REDIS_RETRY_S"),
             lease_ttl_s=value(src, "KVGATE_LEASE_TTL_S"),
+            failover_share=value(src, "KVGATE_RATELIMIT_FAILOVER_SHARE"),
+            visitor_rpm=value(src, "KVGATE_VISITOR_RPM"),
+            visitor_tpm=value(src, "KVGATE_VISITOR_TPM"),
+            visitor_max_concurrency=value(src, "KVGATE_VISITOR_MAX_CONCURRENCY"),
+            trusted_proxies=value(src, "KVGATE_TRUSTED_PROXIES"),
         )
 
 
@@ -307,6 +395,35 @@ class TelemetrySettings:
             log_json=value(src, "KVGATE_LOG_JSON"),
             service_name=value(src, "KVGATE_SERVICE_NAME"),
             otlp_endpoint=src.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
+        )
+
+
+@dataclass(frozen=True)
+class WidgetSettings:
+    demo: bool  # serve /widget/demo (creates a demo tenant and widget key on first visit)
+
+    @classmethod
+    def from_source(cls, src: Mapping[str, str]) -> WidgetSettings:
+        mode = value(src, "KVGATE_WIDGET_DEMO")
+        # "auto": on only in the embedded default (no KVGATE_DATABASE_URL configured).
+        embedded = not src.get("KVGATE_DATABASE_URL")
+        return cls(demo=mode == "true" or (mode == "auto" and embedded))
+
+
+@dataclass(frozen=True)
+class DatabaseSettings:
+    """How the gateway waits on the tenant database (docs/operations.md)."""
+
+    timeout_s: float = 3.0
+    stale_max_s: float = 900.0
+    retry_s: float = 1.0
+
+    @classmethod
+    def from_source(cls, src: Mapping[str, str]) -> DatabaseSettings:
+        return cls(
+            timeout_s=value(src, "KVGATE_DB_TIMEOUT_S"),
+            stale_max_s=value(src, "KVGATE_DB_STALE_MAX_S"),
+            retry_s=value(src, "KVGATE_DB_RETRY_S"),
         )
 
 
@@ -348,11 +465,14 @@ class Settings:
     telemetry: TelemetrySettings
     tenants: TenantStoreSettings
     cluster: ClusterSettings = ClusterSettings()
+    widget: WidgetSettings = WidgetSettings(demo=False)
+    database: DatabaseSettings = DatabaseSettings()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         src = load_source(env)
         server = ServerSettings.from_source(src)
+        widget = WidgetSettings.from_source(src)  # before the embedded database URL is filled in
         if not src.get("KVGATE_DATABASE_URL"):
             src["KVGATE_DATABASE_URL"] = f"sqlite+aiosqlite:///{server.var_dir}/kvgate.db"
         try:
@@ -368,6 +488,8 @@ class Settings:
             telemetry=TelemetrySettings.from_source(src),
             tenants=tenants,
             cluster=ClusterSettings.from_source(src),
+            widget=widget,
+            database=DatabaseSettings.from_source(src),
         )
 
 

@@ -90,9 +90,12 @@ async def _call(listener: Listener, event: TenantChanged) -> None:
 class RedisEventBridge:
     """Bridges an ``EventBus`` to a Redis pub/sub channel (``redis.asyncio`` client).
 
-    If the subscription drops, it is re-established with capped exponential backoff; events
-    published meanwhile are lost, so ``on_resync`` (when given) is awaited after each
-    re-subscription for the owner to reload whatever it caches.
+    Redis may be away at start, or go away later: ``start`` tries once (within ``timeout_s``),
+    then keeps trying in the background, never failing; a dropped subscription is re-established
+    with capped exponential backoff. Events published meanwhile are lost (a replica's caches
+    expire by their TTL), so ``on_resync`` (when given) is awaited after each re-subscription
+    for the owner to reload whatever it caches. Publishing never fails the publisher: an event
+    that cannot reach Redis within ``timeout_s`` is logged (kind only) and dropped.
     """
 
     def __init__(
@@ -104,6 +107,7 @@ class RedisEventBridge:
         on_resync: Callable[[], Awaitable[None]] | None = None,
         retry_s: float = 0.5,
         max_retry_s: float = 10.0,
+        timeout_s: float = 2.0,
     ) -> None:
         self._bus = bus
         self._redis = redis
@@ -112,6 +116,8 @@ class RedisEventBridge:
         self._on_resync = on_resync
         self._retry_s = retry_s
         self._max_retry_s = max_retry_s
+        self._timeout_s = timeout_s
+        self.connected = False  # subscribed right now
         self._task: asyncio.Task[None] | None = None
         self._remove_forwarder: Callable[[], None] | None = None
 
@@ -119,29 +125,46 @@ class RedisEventBridge:
     def from_url(cls, bus: EventBus, url: str, channel: str, **kwargs: Any) -> RedisEventBridge:
         import redis.asyncio as aioredis
 
-        return cls(bus, aioredis.from_url(url), channel, **kwargs)
+        timeout_s = float(kwargs.get("timeout_s", 2.0))
+        client = aioredis.from_url(url, socket_connect_timeout=timeout_s)
+        return cls(bus, client, channel, **kwargs)
 
     async def start(self) -> None:
-        """Subscribe (raises if Redis is unreachable now), then begin forwarding."""
-        pubsub = await self._subscribe()
+        """Subscribe, then begin forwarding. Redis unreachable: start anyway (degraded) and
+        subscribe in the background as soon as it answers."""
+        try:
+            pubsub = await self._subscribe()
+        except Exception as exc:
+            log.warning("tenant_events_redis_unavailable", channel=self.channel, error=_name(exc))
+            pubsub = None
         self._task = asyncio.create_task(self._run(pubsub))
         self._remove_forwarder = self._bus.add_forwarder(self.send)
 
     async def send(self, event: TenantChanged) -> None:
         message = json.dumps({"origin": self.origin, "event": event.to_json()})
-        await self._redis.publish(self.channel, message)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._redis.publish(self.channel, message)
+        except Exception as exc:  # TimeoutError included
+            log.warning(
+                "tenant_event_not_sent", channel=self.channel, kind=event.kind, error=_name(exc)
+            )
 
     async def _subscribe(self) -> Any:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         try:
-            await pubsub.subscribe(self.channel)
+            async with asyncio.timeout(self._timeout_s):
+                await pubsub.subscribe(self.channel)
         except BaseException:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
             raise
+        self.connected = True
         return pubsub
 
     async def _run(self, pubsub: Any) -> None:
+        if pubsub is None:
+            pubsub = await self._resubscribe()
         while True:
             try:
                 async for message in pubsub.listen():
@@ -149,8 +172,9 @@ class RedisEventBridge:
                         await self._handle(message["data"])
                 return  # listen() ends only after an unsubscribe
             except Exception as exc:
-                log.warning("tenant_events_redis_lost", channel=self.channel, error=repr(exc))
+                log.warning("tenant_events_redis_lost", channel=self.channel, error=_name(exc))
             finally:
+                self.connected = False
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
             pubsub = await self._resubscribe()
@@ -167,7 +191,7 @@ class RedisEventBridge:
             try:
                 pubsub = await self._subscribe()
             except Exception as exc:
-                log.warning("tenant_events_redis_retry", channel=self.channel, error=repr(exc))
+                log.debug("tenant_events_redis_retry", channel=self.channel, error=_name(exc))
                 delay = min(delay * 2, self._max_retry_s)
                 continue
             log.info("tenant_events_redis_resubscribed", channel=self.channel)
@@ -195,3 +219,8 @@ class RedisEventBridge:
             self._task = None
         if close_client:
             await self._redis.aclose()
+
+
+def _name(exc: BaseException) -> str:
+    """An error's class name: messages may carry a URL with credentials."""
+    return type(exc).__name__

@@ -18,6 +18,20 @@ class KeyIdentity:
     key_id: str
     kind: str  # "server" | "widget"
     allowed_origins: tuple[str, ...]
+    # The key's own limits (api_keys.rpm / tpm / max_concurrency), checked besides the
+    # tenant's; None: the key has no limit of its own on that dimension.
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrency: int | None = None
+
+
+@dataclass(frozen=True)
+class WidgetPolicy:
+    """The tenant's widget settings the request path enforces."""
+
+    require_session: bool = False  # bare widget keys are refused; session tokens only
+    allow_client_system: bool = False  # widget traffic may send system/developer messages
+    session_secret: str | None = field(default=None, repr=False)  # HMAC key of session tokens
 
 
 @dataclass(frozen=True)
@@ -31,6 +45,9 @@ class TenantRuntime:
     prompt_text: str | None = field(repr=False)
     limits: Limits
     allow_client_system: bool
+    widget: WidgetPolicy = WidgetPolicy()
+    # Per-visitor limits of widget traffic (tenants.visitor_*); None: the gateway's default.
+    visitor_limits: Limits = field(default_factory=Limits)
 
 
 async def authenticate_key(session: AsyncSession, secret: str) -> KeyIdentity | None:
@@ -59,6 +76,9 @@ async def authenticate_key(session: AsyncSession, secret: str) -> KeyIdentity | 
         key_id=key.id,
         kind=key.kind,
         allowed_origins=tuple(key.allowed_origins or ()),
+        rpm=key.rpm,
+        tpm=key.tpm,
+        max_concurrency=key.max_concurrency,
     )
 
 
@@ -72,6 +92,14 @@ def _runtime(tenant: Tenant, prompt_text: str | None, defaults: Limits) -> Tenan
         prompt_text=prompt_text,
         limits=raw.resolve(defaults),
         allow_client_system=tenant.allow_client_system,
+        widget=WidgetPolicy(
+            require_session=tenant.widget_require_session,
+            allow_client_system=tenant.widget_allow_client_system,
+            session_secret=tenant.widget_session_secret,
+        ),
+        visitor_limits=Limits(
+            tenant.visitor_rpm, tenant.visitor_tpm, tenant.visitor_max_concurrency
+        ),
     )
 
 

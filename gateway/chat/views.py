@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 
 from aiohttp import web
 
 from engine.params import SamplingParams
+from gateway.auth import Principal
 from gateway.chat.generation import Generation, GenerationStats
 from gateway.chat.observe import RequestObserver
 from gateway.chat.prompt import assemble, check_client_system
@@ -33,9 +33,11 @@ from gateway.chat.schemas import (
 )
 from gateway.chat.sse import open_stream, send_done, send_event
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState
-from gateway.errors import ApiError, to_api_error
+from gateway.drain import SHUTDOWN_CODE, shutdown_error
+from gateway.errors import REQUEST_ID, TENANT, ApiError, new_request_id, to_api_error
 from gateway.pins import PromptEntry
-from gateway.ratelimit import Decision, Lease, Limits
+from gateway.ratelimit import Decision, Lease, Scope
+from gateway.ratelimit.scopes import VisitorDefaults, admission_scopes, client_address
 from tenants.runtime import TenantRuntime
 
 CLIENT_CLOSED = 499  # status recorded when the client went away mid-request
@@ -53,26 +55,29 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     state = request.app[STATE]
     tenant_id = UNKNOWN_TENANT
+    rid = new_request_id("chatcmpl-")
+    request[REQUEST_ID] = rid  # x-request-id and the refusal log line of an early error
     try:
         if state.draining:
-            raise ApiError(503, "the server is shutting down", type_="service_unavailable")
+            raise shutdown_error()
         principal = await state.keys.authenticate(request)
-        tenant_id = principal.runtime.tenant_id
+        tenant_id = request[TENANT] = principal.runtime.tenant_id
         body = parse_chat_request(await request.read())
         if body.model != state.model_name:
             raise ApiError(
                 404,
-                f"the model {body.model!r} does not exist",
+                "the requested model does not exist",  # not quoted: it may be anything
                 code="model_not_found",
                 param="model",
             )
-        check_client_system(body.messages, principal.runtime.allow_client_system)
+        check_client_system(
+            body.messages, principal.allow_client_system, widget=principal.is_widget
+        )
     except Exception as exc:
         # Refused before a request span exists (bad key or body, body too large, database
-        # down): counted here, and logged by nobody else.
+        # down): counted here, logged by the error middleware (one request_refused line).
         request.app[TELEMETRY].metrics.requests.labels(tenant_id, str(_status_of(exc))).inc()
         raise
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
     obs = RequestObserver(
         request.app[TELEMETRY],
         rid,
@@ -81,10 +86,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         key_id=principal.identity.key_id,
         end_user_id=principal.end_user_id or body.user,
     )
-    with obs.request_span(body, request.headers):
+    with obs.request_span(body, request.headers), state.drain.track():
         status, stats, error = CLIENT_CLOSED, None, None
         try:
-            resp, stats = await _serve(request, state, principal.runtime, body, rid, obs)
+            resp, stats = await _serve(request, state, principal, body, rid, obs)
             status = resp.status
             error = obs.stream_error
             return resp
@@ -92,8 +97,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             status, error = exc.status, exc.code or exc.type
             raise
         except asyncio.CancelledError:
+            # The outcome is what the client got: a response written in full is a 200 with
+            # its tokens, even when the client closes before the handler's clean-up ends.
             if obs.delivered:
                 status = 200
+            elif state.drain.take_cut():  # the shutdown deadline, before any response byte
+                status, error = 503, SHUTDOWN_CODE
+                raise shutdown_error() from None
             else:
                 error = "client_disconnected"
             raise
@@ -101,7 +111,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             status, error = _status_of(exc), type(exc).__name__
             raise
         finally:
-            obs.finish(status, stats, error)
+            obs.finish(status, stats or obs.stats, error)
+
+
+def _stream_failure(exc: BaseException) -> ApiError:
+    if isinstance(exc, asyncio.CancelledError):
+        return shutdown_error()
+    return to_api_error(exc) or ApiError(500, "internal server error", type_="internal_error")
 
 
 def _status_of(exc: BaseException) -> int:
@@ -115,11 +131,12 @@ def _status_of(exc: BaseException) -> int:
 async def _serve(
     request: web.Request,
     state: GatewayState,
-    rt: TenantRuntime,
+    principal: Principal,
     body: ChatRequest,
     rid: str,
     obs: RequestObserver,
 ) -> tuple[web.StreamResponse, GenerationStats]:
+    rt = principal.runtime
     entry = state.pins.begin(rt)
     gen: Generation | None = None
     lease: Lease | None = None
@@ -132,8 +149,10 @@ async def _serve(
             body, rt, n_prompt, state.engine.max_model_len, settings.model.default_max_tokens
         )
         obs.set_max_tokens(max_tokens)
-        decision = await _admit(state, rt, n_prompt + max_tokens, obs)
-        lease = decision.lease
+        # The lease exists before the admission call, so ``finally`` gives back whatever that
+        # call took, even when it never answered (timeout, disconnect).
+        lease = Lease.new(rt.tenant_id, _scopes(request, principal), n_prompt + max_tokens)
+        decision = await _admit(state, lease, obs)
         headers = {**decision.headers(), "x-request-id": rid}
         gen = Generation(
             state.engine,
@@ -144,10 +163,11 @@ async def _serve(
             request_id=rid,
             stops=body.stop_strings,
         )
+        obs.stats = gen.stats  # recorded whatever ends the request
         await gen.start()
         if body.stream:
             return await _stream(request, gen, body, rid, headers, obs), gen.stats
-        return await _complete(request, gen, body, rid, headers), gen.stats
+        return await _complete(request, gen, body, rid, headers, obs), gen.stats
     finally:
         # Shielded: a client disconnect cancels this handler, but the engine request, the lease
         # and the pin reference must still be given back.
@@ -220,13 +240,20 @@ def sampling_params(body: ChatRequest, max_tokens: int) -> SamplingParams:
     )
 
 
-async def _admit(
-    state: GatewayState, rt: TenantRuntime, tokens: int, obs: RequestObserver
-) -> Decision:
-    lim = rt.limits
-    limits = Limits(rpm=lim.rpm or 0, tpm=lim.tpm or 0, max_concurrency=lim.max_concurrency or 0)
+def _scopes(request: web.Request, principal: Principal) -> tuple[Scope, ...]:
+    rl = request.app[SETTINGS].ratelimit
+    address = client_address(
+        request.remote, request.headers.get("X-Forwarded-For"), rl.trusted_proxies
+    )
+    defaults = VisitorDefaults(rl.visitor_rpm, rl.visitor_tpm, rl.visitor_max_concurrency)
+    return admission_scopes(
+        principal.runtime, principal.identity, principal.end_user_id, address, defaults
+    )
+
+
+async def _admit(state: GatewayState, lease: Lease, obs: RequestObserver) -> Decision:
     with obs.child("gen_ai.rate_limit"):
-        decision = await state.limiter.acquire(rt.tenant_id, limits, tokens)
+        decision = await state.limiter.acquire(lease)
     if decision.allowed:
         return decision
     obs.rejected(decision.reason or "unknown")
@@ -242,7 +269,7 @@ def rate_limit_error(decision: Decision) -> ApiError:
     }.get(decision.reason or "", "rate limit")
     return ApiError(
         429,
-        f"rate limit reached for {what}",
+        f"rate limit reached for {what} (scope: {decision.scope or 'tenant'})",
         type_="rate_limit_exceeded",
         code="rate_limit_exceeded",
         headers=decision.headers(),
@@ -250,7 +277,12 @@ def rate_limit_error(decision: Decision) -> ApiError:
 
 
 async def _complete(
-    request: web.Request, gen: Generation, body: ChatRequest, rid: str, headers: dict[str, str]
+    request: web.Request,
+    gen: Generation,
+    body: ChatRequest,
+    rid: str,
+    headers: dict[str, str],
+    obs: RequestObserver,
 ) -> web.Response:
     text = await gen.full_text()
     s = gen.stats
@@ -260,6 +292,7 @@ async def _complete(
     # Sent now, so the limiter release in ``finally`` is not on the client's critical path.
     await resp.prepare(request)
     await resp.write_eof()
+    obs.delivered = True  # written in full: the client closing now is not a disconnect
     return resp
 
 
@@ -280,10 +313,14 @@ async def _stream(
                 await send_event(resp, chunk_body(rid, body.model, created, {"content": delta}))
     except ConnectionError:
         raise  # the client is gone: nothing to tell it
-    except Exception as exc:
+    except (Exception, asyncio.CancelledError) as exc:
         # Headers are out: the failure becomes an error event, then [DONE] (OpenAI style).
-        err = to_api_error(exc) or ApiError(500, "internal server error", type_="internal_error")
+        # Cancelled: the client went away (re-raised), or the shutdown deadline came.
+        if isinstance(exc, asyncio.CancelledError) and not request.app[STATE].drain.take_cut():
+            raise
+        err = _stream_failure(exc)
         obs.stream_error = err.code or err.type
+        obs.cut_by_shutdown = isinstance(exc, asyncio.CancelledError)
         await send_event(resp, err.body())
         await send_done(resp)
         obs.delivered = True

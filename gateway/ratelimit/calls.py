@@ -7,6 +7,10 @@ connections are still redis-py's own (made by the client's pool class with the c
 URL, TLS, auth, db), but used directly and without a socket timeout: one ``asyncio.timeout``
 covers connect, send and read together. A connection that failed, timed out or was cancelled
 mid-call is closed, never reused (its reply may still be in flight).
+
+A pooled connection that turns out dead (Redis restarted since it was last used) is retried
+once on a new connection within the same deadline, so one restart costs no failed call per
+stale connection. The retry is safe: the admission script is idempotent per lease id.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeout
 
@@ -37,15 +42,25 @@ class ScriptCalls:
         self._idle: list[AbstractConnection] = []
 
     async def run(self, keys: Sequence[str], args: Sequence[object]) -> Any:
-        conn = self._idle.pop() if self._idle else self._make(**self._kwargs)
-        reusable = False
         try:
             async with asyncio.timeout(self._timeout):
-                reply = await self._call(conn, keys, args)
-            reusable = True
-            return reply
+                if self._idle:
+                    try:
+                        return await self._run_on(self._idle.pop(), keys, args)
+                    except (RedisConnectionError, ConnectionError):
+                        pass  # stale: Redis closed it since; one more try on a new connection
+                return await self._run_on(self._make(**self._kwargs), keys, args)
         except TimeoutError:
             raise RedisTimeout(f"no reply from Redis within {self._timeout} s") from None
+
+    async def _run_on(
+        self, conn: AbstractConnection, keys: Sequence[str], args: Sequence[object]
+    ) -> Any:
+        reusable = False
+        try:
+            reply = await self._call(conn, keys, args)
+            reusable = True
+            return reply
         finally:
             if reusable and len(self._idle) < MAX_IDLE:
                 self._idle.append(conn)
@@ -63,6 +78,7 @@ class ScriptCalls:
             return await _roundtrip(conn, "EVAL", self.script, len(keys), *keys, *args)
 
     async def close(self) -> None:
+        """Close the idle connections (also after an outage: they are stale); usable again."""
         idle, self._idle = self._idle, []
         for conn in idle:
             await conn.disconnect(nowait=True)

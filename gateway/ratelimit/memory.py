@@ -1,6 +1,11 @@
-"""In-process limiter: the same GCRA + lease rules as ``script.GCRA_LUA``, for one process.
+"""In-process limiter: the same scopes, GCRA and lease rules as ``script.GCRA_LUA``, for one
+process.
 
-Used when no Redis is configured, and as the fail-open fallback while Redis is unreachable.
+Used when no Redis is configured, and by the fail-over limiter as a mirror of what Redis last
+reported (debts, this replica's leases) that takes over while Redis is unreachable. Then each
+admission is made with this replica's ``share`` of every limit: a request costs ``1 / share``
+of its global cost against the global debt, concurrency is capped at ``share`` of the limit, so
+N replicas with share 1/N together admit what the shared limiter would have (see failover.py).
 Decisions are atomic because nothing here awaits between reading and writing state.
 """
 
@@ -8,9 +13,9 @@ from __future__ import annotations
 
 import math
 import time
-import uuid
 from collections.abc import Callable
 
+from gateway.ratelimit.leases import Held, LeaseBook, Renewer
 from gateway.ratelimit.types import (
     PERIOD_MS,
     REASON_CONCURRENCY,
@@ -19,101 +24,203 @@ from gateway.ratelimit.types import (
     REASON_TOO_LARGE,
     Decision,
     Lease,
-    Limits,
     Quota,
+    Scope,
+    ScopeState,
 )
+
+ScopeKey = tuple[str, str, str]  # tenant, scope kind, scope id
+HOLD_WEIGHT = 0.2  # weight of the newest hold time in the running mean
+Charge = tuple[float, float, float, float]  # new RPM TAT, new TPM TAT, current RPM, current TPM
 
 
 def _now_ms() -> float:
     return time.monotonic() * 1000.0
 
 
+def scope_key(tenant: str, scope: Scope) -> ScopeKey:
+    return (tenant, scope.kind, scope.id)
+
+
 class MemoryLimiter:
     backend = "memory"
 
-    def __init__(self, lease_ttl_s: float = 600.0, clock: Callable[[], float] = _now_ms) -> None:
+    def __init__(self, lease_ttl_s: float = 30.0, clock: Callable[[], float] = _now_ms) -> None:
         self._ttl_ms = lease_ttl_s * 1000.0
         self._clock = clock
-        self._tat: dict[tuple[str, str], float] = {}  # (tenant, "rpm"|"tpm") -> TAT ms
-        self._leases: dict[str, dict[str, float]] = {}  # tenant -> lease id -> expiry ms
+        # (scope, "rpm"|"tpm") -> (TAT ms, the limit it was computed for)
+        self._tat: dict[tuple[ScopeKey, str], tuple[float, int]] = {}
+        self._leases: dict[ScopeKey, dict[str, float]] = {}  # scope -> lease id -> expiry ms
+        self._hold: dict[ScopeKey, float] = {}  # scope -> mean lease hold time ms
+        self.book = LeaseBook(clock=lambda: self._clock() / 1000.0)
+        self._renewer = Renewer(self.book, self.renew, lease_ttl_s / 3)
 
-    def _load(self, key: tuple[str, str], now: float) -> float:
-        return max(self._tat.get(key, now), now)
+    # -- GCRA state ---------------------------------------------------------------------------
 
-    def _store(self, key: tuple[str, str], tat: float, now: float) -> None:
+    def _load(self, key: tuple[ScopeKey, str], limit: int, now: float) -> float:
+        """TAT under ``limit``: a debt recorded under another limit keeps its request count."""
+        hit = self._tat.get(key)
+        if hit is None or hit[0] <= now:
+            return now
+        tat, old = hit
+        return now + (tat - now) * old / limit if old != limit else tat
+
+    def _store(self, key: tuple[ScopeKey, str], tat: float, limit: int, now: float) -> None:
         if tat <= now:
             self._tat.pop(key, None)
         else:
-            self._tat[key] = tat
+            self._tat[key] = (tat, limit)
 
-    async def acquire(self, tenant: str, limits: Limits, tokens: int) -> Decision:
+    def debt_ms(self, key: ScopeKey, dim: str) -> float:
+        hit = self._tat.get((key, dim))
+        return max(0.0, hit[0] - self._clock()) if hit else 0.0
+
+    def mirror(self, key: ScopeKey, dim: str, debt_ms: float, limit: int) -> None:
+        """Take the debt the shared limiter just reported for this scope."""
         now = self._clock()
-        reason: str | None = None
-        retry = 0.0
-        rpm_tat = rpm_new = tpm_tat = tpm_new = now
-        if limits.rpm:
-            rpm_tat = self._load((tenant, "rpm"), now)
-            rpm_new = rpm_tat + PERIOD_MS / limits.rpm
-            if rpm_new - now > PERIOD_MS:
-                reason, retry = REASON_REQUESTS, rpm_new - now - PERIOD_MS
-        if limits.tpm:
-            tpm_tat = self._load((tenant, "tpm"), now)
-            tpm_new = tpm_tat + tokens * PERIOD_MS / limits.tpm
-            if tokens > limits.tpm:
-                reason, retry = REASON_TOO_LARGE, -1.0
-            elif reason is None and tpm_new - now > PERIOD_MS:
-                reason, retry = REASON_TOKENS, tpm_new - now - PERIOD_MS
-        leases = self._leases.setdefault(tenant, {})
-        if reason is None and limits.max_concurrency:
+        self._store((key, dim), now + debt_ms, limit, now)
+
+    # -- admission ----------------------------------------------------------------------------
+
+    async def acquire(self, lease: Lease, share: float = 1.0) -> Decision:
+        self._renewer.ensure_running()
+        now = self._clock()
+        keys = [scope_key(lease.tenant, s) for s in lease.scopes]
+        tokens = lease.reserved_tokens
+        charges = [
+            self._charge(k, s, tokens, share, now) for k, s in zip(keys, lease.scopes, strict=True)
+        ]
+        reason, at, retry = _first_rejection(charges, lease, now)
+        if reason is None:
+            reason, at, retry = self._concurrency(keys, lease.scopes, share, now)
+        if reason is None:
+            self._take(keys, lease, charges, now)
+            self.book.admitted(lease, 1.0 / share)
+        states = tuple(
+            _state(s, c[0:2] if reason is None else c[2:4], share, now)
+            for s, c in zip(lease.scopes, charges, strict=True)
+        )
+        return Decision.of(lease, states, reason, at, retry)
+
+    def _take(self, keys: list[ScopeKey], lease: Lease, charges: list[Charge], now: float) -> None:
+        for key, scope, charge in zip(keys, lease.scopes, charges, strict=True):
+            if scope.limits.rpm:
+                self._store((key, "rpm"), charge[0], scope.limits.rpm, now)
+            if scope.limits.tpm:
+                self._store((key, "tpm"), charge[1], scope.limits.tpm, now)
+            self._leases.setdefault(key, {})[lease.lease_id] = now + self._ttl_ms
+
+    def _charge(self, key: ScopeKey, scope: Scope, tokens: int, share: float, now: float) -> Charge:
+        lim = scope.limits
+        rpm_tat = self._load((key, "rpm"), lim.rpm, now) if lim.rpm else now
+        tpm_tat = self._load((key, "tpm"), lim.tpm, now) if lim.tpm else now
+        rpm_new = rpm_tat + PERIOD_MS / lim.rpm / share if lim.rpm else now
+        tpm_new = tpm_tat + tokens * PERIOD_MS / lim.tpm / share if lim.tpm else now
+        return rpm_new, tpm_new, rpm_tat, tpm_tat
+
+    def _concurrency(
+        self, keys: list[ScopeKey], scopes: tuple[Scope, ...], share: float, now: float
+    ) -> tuple[str | None, int | None, float]:
+        for i, (key, scope) in enumerate(zip(keys, scopes, strict=True)):
+            leases = self._leases.get(key)
+            conc = scope.limits.share(share).max_concurrency
+            if leases is None or not conc:
+                continue
             for lease_id in [k for k, exp in leases.items() if exp <= now]:
                 del leases[lease_id]
-            if len(leases) >= limits.max_concurrency:
-                reason, retry = REASON_CONCURRENCY, min(min(leases.values()) - now, 1000.0)
-        lease = None
-        if reason is None:
-            self._store((tenant, "rpm"), rpm_new, now)
-            self._store((tenant, "tpm"), tpm_new, now)
-            lease = Lease(tenant, uuid.uuid4().hex, limits, tokens, self.backend)
-            if limits.max_concurrency:
-                leases[lease.lease_id] = now + self._ttl_ms
-        else:
-            rpm_new, tpm_new = rpm_tat, tpm_tat
-        return Decision(
-            allowed=reason is None,
-            reason=reason,
-            requests=_quota(limits.rpm, rpm_new, now),
-            tokens=_quota(limits.tpm, tpm_new, now),
-            retry_after_ms=retry,
-            lease=lease,
-        )
+            if len(leases) >= conc:
+                retry = min(leases.values()) - now
+                return REASON_CONCURRENCY, i, min(retry, self._hold.get(key, retry))
+        return None, None, 0.0
+
+    # -- leases -------------------------------------------------------------------------------
 
     async def release(self, lease: Lease, used_tokens: int) -> None:
-        self._leases.get(lease.tenant, {}).pop(lease.lease_id, None)
-        tpm = lease.limits.tpm
-        key = (lease.tenant, "tpm")
-        if tpm and key in self._tat:
-            now = self._clock()
-            delta = (used_tokens - lease.reserved_tokens) * PERIOD_MS / tpm
-            self._store(key, max(self._tat[key] + delta, now), now)
-
-    def active_leases(self, tenant: str) -> int:
+        held, held_ms, weight = self.book.finish(lease)
+        if held is Held.NONE:
+            return
         now = self._clock()
-        return sum(1 for exp in self._leases.get(tenant, {}).values() if exp > now)
+        for scope in lease.scopes:
+            key = scope_key(lease.tenant, scope)
+            leases = self._leases.get(key, {})
+            if leases.pop(lease.lease_id, None) is None:
+                continue
+            if not leases:
+                self._leases.pop(key, None)
+            if scope.limits.max_concurrency and held_ms > 0:
+                mean = self._hold.get(key, held_ms)
+                self._hold[key] = (1 - HOLD_WEIGHT) * mean + HOLD_WEIGHT * held_ms
+            self._reconcile((key, "tpm"), (used_tokens - lease.reserved_tokens) * weight, now)
+
+    def _reconcile(self, key: tuple[ScopeKey, str], delta_tokens: float, now: float) -> None:
+        hit = self._tat.get(key)
+        if hit is not None and hit[0] > now:
+            tat, limit = hit
+            self._store(key, max(tat + delta_tokens * PERIOD_MS / limit, now), limit, now)
+
+    def adopt(self, lease: Lease) -> None:
+        """Count a lease the shared limiter admitted until it is released here too."""
+        now = self._clock()
+        for scope in lease.scopes:
+            key = scope_key(lease.tenant, scope)
+            self._leases.setdefault(key, {})[lease.lease_id] = now + self._ttl_ms
+        self.book.admitted(lease)
+
+    async def renew(self, leases: list[Lease]) -> None:
+        expiry = self._clock() + self._ttl_ms
+        for lease in leases:
+            for scope in lease.scopes:
+                held = self._leases.get(scope_key(lease.tenant, scope))
+                if held is not None and lease.lease_id in held:
+                    held[lease.lease_id] = expiry
+
+    def active_leases(self, tenant: str, kind: str = "tenant", scope_id: str | None = None) -> int:
+        now = self._clock()
+        held = self._leases.get((tenant, kind, tenant if scope_id is None else scope_id), {})
+        return sum(1 for exp in held.values() if exp > now)
 
     def check_integrity(self) -> None:
-        for (tenant, dim), tat in self._tat.items():
-            assert dim in ("rpm", "tpm"), f"unknown dimension {dim!r} for {tenant}"
-            assert tat == tat and tat >= 0, f"bad TAT {tat} for {tenant}/{dim}"
-        for tenant, leases in self._leases.items():
+        for (key, dim), (tat, limit) in self._tat.items():
+            assert dim in ("rpm", "tpm"), f"unknown dimension {dim!r} for {key}"
+            assert tat == tat and tat >= 0 and limit > 0, f"bad TAT {tat}/{limit} for {key}/{dim}"
+        for key, leases in self._leases.items():
+            assert leases, f"empty lease table kept for {key}"
             for lease_id, expiry in leases.items():
-                assert lease_id and expiry > 0, f"bad lease {lease_id!r} of {tenant}"
+                assert lease_id and expiry > 0, f"bad lease {lease_id!r} of {key}"
+        self.book.check_integrity()
 
     async def close(self) -> None:
-        return None
+        await self._renewer.close()
 
 
-def _quota(limit: int, tat: float, now: float) -> Quota | None:
+def _first_rejection(
+    charges: list[Charge], lease: Lease, now: float
+) -> tuple[str | None, int | None, float]:
+    """Too large anywhere wins (never admissible); else the first RPM / TPM overrun."""
+    first: tuple[str | None, int | None, float] = (None, None, 0.0)
+    for i, (scope, (rpm_new, tpm_new, _, _)) in enumerate(zip(lease.scopes, charges, strict=True)):
+        lim = scope.limits
+        if lim.tpm and lease.reserved_tokens > lim.tpm:
+            return REASON_TOO_LARGE, i, -1.0
+        if first[0] is not None:
+            continue
+        if lim.rpm and rpm_new - now > PERIOD_MS:
+            first = (REASON_REQUESTS, i, rpm_new - now - PERIOD_MS)
+        elif lim.tpm and tpm_new - now > PERIOD_MS:
+            first = (REASON_TOKENS, i, tpm_new - now - PERIOD_MS)
+    return first
+
+
+def _state(scope: Scope, tats: tuple[float, ...], share: float, now: float) -> ScopeState:
+    lim = scope.limits
+    return ScopeState(
+        scope.kind, _quota(lim.rpm, tats[0], share, now), _quota(lim.tpm, tats[1], share, now)
+    )
+
+
+def _quota(limit: int, tat: float, share: float, now: float) -> Quota | None:
+    """What this limiter will still admit (its share of the rest, while failed over)."""
     if not limit:
         return None
-    remaining = math.floor((PERIOD_MS - (tat - now)) / (PERIOD_MS / limit))
+    remaining = math.floor((PERIOD_MS - (tat - now)) / (PERIOD_MS / limit) * share + 1e-9)
     return Quota(limit, remaining, math.ceil(tat - now))

@@ -1,23 +1,45 @@
 """Shared limiter: one EVALSHA of ``script.GCRA_LUA`` per admission and one per release.
 
-Exact across replicas because the whole decision (read TATs, check, write) runs inside Redis as
-one script with the server's clock. The script is sent by SHA; after a Redis restart or SCRIPT
-FLUSH the NOSCRIPT error falls back to EVAL with the source, which also caches it again. The
-script calls go through ``calls.ScriptCalls`` (pooled connections, no command layer); ``client``
-serves everything else (script load, ping, inspection).
+Exact across replicas because the whole decision (read TATs of every scope, check, write) runs
+inside Redis as one script with the server's clock. The script is sent by SHA; after a Redis
+restart or SCRIPT FLUSH the NOSCRIPT error falls back to EVAL with the source, which also caches
+it again. The script calls go through ``calls.ScriptCalls`` (pooled connections, no command
+layer); ``client`` serves everything else (script load, ping, inspection).
+
+Keys, all under the tenant's hash tag (one cluster slot, so one script may touch them all)::
+
+    {prefix}rl:{tenant}:rpm | :tpm | :leases | :hold          the tenant scope
+    {prefix}rl:{tenant}:key:<key id>:rpm | ...                a key with limits of its own
+    {prefix}rl:{tenant}:visitor:<visitor hash>:rpm | ...      a widget visitor
+    {prefix}rl:{tenant}:gone:<lease id>                       tombstone of a lease in doubt
+    {prefix}rl:replicas                                       live replicas (heartbeats)
 """
 
 from __future__ import annotations
 
-import uuid
+import secrets
+from collections.abc import Callable, Sequence
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from gateway.ratelimit.calls import ScriptCalls
+from gateway.ratelimit.leases import Held, LeaseBook, Renewer
 from gateway.ratelimit.script import GCRA_LUA
-from gateway.ratelimit.types import REASONS, Decision, Lease, Limits, Quota
+from gateway.ratelimit.types import (
+    REASONS,
+    SCOPE_TENANT,
+    Decision,
+    Lease,
+    Limits,
+    Quota,
+    Scope,
+    ScopeState,
+)
+
+# per scope: (rpm debt, tpm debt) ms this replica knows of, or None (no hints)
+Hints = Callable[[Lease], Sequence[tuple[float, float]] | None]
 
 
 def make_client(url: str, timeout_s: float) -> aioredis.Redis:
@@ -34,40 +56,84 @@ def make_client(url: str, timeout_s: float) -> aioredis.Redis:
 class RedisLimiter:
     backend = "redis"
 
-    def __init__(self, client: aioredis.Redis, prefix: str, lease_ttl_s: float = 600.0) -> None:
+    def __init__(self, client: aioredis.Redis, prefix: str, lease_ttl_s: float = 30.0) -> None:
         self.client = client
         self.prefix = prefix
         self._ttl_ms = int(lease_ttl_s * 1000)
         self._calls = ScriptCalls(client, GCRA_LUA)
+        self.book = LeaseBook()
+        self.renewer = Renewer(self.book, self.renew, lease_ttl_s / 3)
+        self.replica_id = secrets.token_hex(8)
+        self.hints: Hints | None = None  # set by the fail-over limiter after an outage
 
-    def keys(self, tenant: str) -> list[str]:
+    def scope_base(self, tenant: str, scope: Scope) -> str:
         # The hash tag keeps one tenant's keys in one cluster slot (a script needs that).
         base = f"{self.prefix}rl:{{{tenant}}}"
-        return [f"{base}:rpm", f"{base}:tpm", f"{base}:leases"]
+        return base if scope.kind == SCOPE_TENANT else f"{base}:{scope.kind}:{scope.id}"
 
-    async def acquire(self, tenant: str, limits: Limits, tokens: int) -> Decision:
-        lease_id = uuid.uuid4().hex
-        args: list[object] = ["acquire", limits.rpm, limits.tpm, limits.max_concurrency]
-        args += [tokens, lease_id, self._ttl_ms]
-        reply = await self._calls.run(self.keys(tenant), args)  # seven integers in one string
-        allowed, reason, rpm_rem, rpm_reset, tpm_rem, tpm_reset, retry = map(int, reply.split())
-        return Decision(
-            allowed=bool(allowed),
-            reason=REASONS[reason],
-            requests=Quota(limits.rpm, rpm_rem, rpm_reset) if limits.rpm else None,
-            tokens=Quota(limits.tpm, tpm_rem, tpm_reset) if limits.tpm else None,
-            retry_after_ms=float(retry),
-            lease=Lease(tenant, lease_id, limits, tokens, self.backend) if allowed else None,
-        )
+    def keys(self, lease: Lease) -> list[str]:
+        out = [f"{self.prefix}rl:{{{lease.tenant}}}:gone:{lease.lease_id}"]
+        for scope in lease.scopes:
+            base = self.scope_base(lease.tenant, scope)
+            out += [f"{base}:rpm", f"{base}:tpm", f"{base}:leases", f"{base}:hold"]
+        return out
+
+    async def acquire(self, lease: Lease) -> Decision:
+        self.renewer.ensure_running()
+        hints = self.hints(lease) if self.hints is not None else None
+        args: list[object] = ["acquire", lease.lease_id, self._ttl_ms, lease.reserved_tokens]
+        args.append(len(lease.scopes))
+        for i, scope in enumerate(lease.scopes):
+            lim = scope.limits
+            rpm_hint, tpm_hint = hints[i] if hints else (0, 0)
+            args += [lim.rpm, lim.tpm, lim.max_concurrency, int(rpm_hint), int(tpm_hint)]
+        self.book.begin(lease)
+        reply = await self._calls.run(self.keys(lease), args)
+        decision = _decision(lease, [int(x) for x in reply.split()])
+        (self.book.admitted if decision.allowed else self.book.rejected)(lease)
+        return decision
 
     async def release(self, lease: Lease, used_tokens: int) -> None:
-        lim = lease.limits
-        args: list[object] = ["release", lim.rpm, lim.tpm, lim.max_concurrency]
-        args += [lease.reserved_tokens, lease.lease_id, used_tokens]
-        await self._calls.run(self.keys(lease.tenant), args)
+        held, held_ms, _ = self.book.finish(lease)
+        if held is Held.NONE:
+            return
+        await self.release_in_redis(lease, used_tokens, held_ms, doubt=held is Held.DOUBT)
 
-    async def active_leases(self, tenant: str) -> int:
-        return int(await self.client.zcard(self.keys(tenant)[2]))
+    async def release_in_redis(
+        self, lease: Lease, used_tokens: int, held_ms: float, *, doubt: bool
+    ) -> None:
+        args: list[object] = ["release", lease.lease_id, used_tokens, lease.reserved_tokens]
+        args += [int(held_ms), int(doubt), self._ttl_ms, len(lease.scopes)]
+        for scope in lease.scopes:
+            args += [scope.limits.rpm, scope.limits.tpm, scope.limits.max_concurrency]
+        await self._calls.run(self.keys(lease), args)
+
+    async def renew(self, leases: list[Lease]) -> None:
+        """Extend every live lease's TTL: one script call per tenant (one hash tag per call)."""
+        by_tenant: dict[str, list[Lease]] = {}
+        for lease in leases:
+            by_tenant.setdefault(lease.tenant, []).append(lease)
+        for tenant, group in by_tenant.items():
+            index: dict[str, int] = {}
+            args: list[object] = ["renew", self._ttl_ms]
+            for lease in group:
+                for scope in lease.scopes:
+                    key = f"{self.scope_base(tenant, scope)}:leases"
+                    args += [index.setdefault(key, len(index) + 1), lease.lease_id]
+            await self._calls.run(list(index), args)
+
+    async def heartbeat(self, window_ms: int) -> int:
+        """Say this replica is alive; the number of replicas seen within ``window_ms``."""
+        key = f"{self.prefix}rl:replicas"
+        return int(await self._calls.run([key], ["beat", self.replica_id, window_ms]))
+
+    async def active_leases(self, tenant: str, scope: Scope | None = None) -> int:
+        base = self.scope_base(tenant, scope or Scope(SCOPE_TENANT, tenant, Limits()))
+        return int(await self.client.zcard(f"{base}:leases"))
+
+    async def drop_connections(self) -> None:
+        """Close pooled script connections (after an outage they are stale)."""
+        await self._calls.close()
 
     async def warm(self) -> None:
         """Connect and load the script, so the first admission is one EVALSHA like the rest."""
@@ -77,5 +143,23 @@ class RedisLimiter:
         return bool(await self.client.ping())
 
     async def close(self) -> None:
+        await self.renewer.close()
         await self._calls.close()
         await self.client.aclose()
+
+
+def _decision(lease: Lease, values: list[int]) -> Decision:
+    allowed, reason, at, retry = values[:4]
+    states = []
+    for i, scope in enumerate(lease.scopes):
+        rpm_rem, rpm_reset, tpm_rem, tpm_reset = values[4 + 4 * i : 8 + 4 * i]
+        lim = scope.limits
+        states.append(
+            ScopeState(
+                scope.kind,
+                Quota(lim.rpm, rpm_rem, rpm_reset) if lim.rpm else None,
+                Quota(lim.tpm, tpm_rem, tpm_reset) if lim.tpm else None,
+            )
+        )
+    rejecting = at - 1 if not allowed else None
+    return Decision.of(lease, tuple(states), REASONS[reason], rejecting, float(retry))

@@ -2,92 +2,167 @@
 
 from __future__ import annotations
 
+SCOPE_KEYS = 4  # keys per scope: RPM TAT, TPM TAT, lease ZSET, mean hold time
+
 GCRA_LUA = r"""
--- kvgate admission and release, one atomic step per call (Redis server time, never client time).
+-- kvgate limiter, one atomic step per call (Redis server time, never client time).
 --
--- KEYS[1] RPM TAT   KEYS[2] TPM TAT   KEYS[3] lease ZSET (member = lease id, score = expiry ms)
--- ARGV[1] mode "acquire" | "release"
--- ARGV[2] rpm   ARGV[3] tpm   ARGV[4] max_concurrency      (0 = unlimited)
--- ARGV[5] tokens (acquire: reserved; release: reserved)   ARGV[6] lease id
--- ARGV[7] lease ttl ms (acquire)  |  used tokens (release)
+-- mode "acquire" / "release":
+--   KEYS[1] tombstone of this lease id; then per scope i (0-based) KEYS[2+4i ..]: RPM TAT,
+--   TPM TAT, lease ZSET (member = lease id, score = expiry ms), mean lease hold time (ms)
+--   acquire ARGV: mode, lease id, lease ttl ms, tokens, n, then per scope:
+--                 rpm, tpm, max_concurrency (0 = unlimited), rpm hint ms, tpm hint ms
+--   release ARGV: mode, lease id, used tokens, reserved tokens, held ms, uncertain (0|1),
+--                 lease ttl ms, n, then per scope: rpm, tpm, max_concurrency
+-- mode "renew":  KEYS = lease ZSETs; ARGV: mode, ttl ms, then (key index, lease id) pairs
+-- mode "beat":   KEYS[1] replica ZSET; ARGV: mode, replica id, window ms -> live replicas
 --
 -- GCRA per dimension with limit L over PERIOD: emission interval T = PERIOD / L, tolerance
 -- PERIOD (burst = L). TAT = theoretical arrival time; a cost c is admitted iff
--- max(TAT, now) + c*T - now <= PERIOD. Nothing is written unless every dimension admits.
+-- max(TAT, now) + c*T - now <= PERIOD. A TAT is stored with the limit it was computed for
+-- ("tat limit"); read under another limit, the debt (TAT - now) is rescaled so that the same
+-- number of requests / tokens stays used: raising a limit frees room at once.
+-- A hint (ms of debt a replica saw while Redis was away) seeds a TAT that Redis lost.
 --
--- acquire returns "allowed reason rpm_remaining rpm_reset_ms tpm_remaining tpm_reset_ms
--- retry_after_ms" (seven integers in one string: one bulk reply reads faster than an array);
--- reason 0 ok, 1 requests, 2 tokens, 3 concurrency, 4 too large.
+-- Every scope records every admitted lease (its ZSET), so release knows, per scope, whether
+-- there is a reservation to reconcile: releasing twice, or a lease never admitted, takes
+-- nothing. A lease released while its admission is in doubt leaves a tombstone that refuses a
+-- late admission of the same id (the caller gave up on that call).
+--
+-- acquire returns "allowed reason scope retry_ms" then per scope "rpm_remaining rpm_reset_ms
+-- tpm_remaining tpm_reset_ms" (integers in one string: one bulk reply reads faster than an
+-- array); reason 0 ok, 1 requests, 2 tokens, 3 concurrency, 4 too large; scope is the 1-based
+-- rejecting scope, 0 when admitted.
 local PERIOD = 60000.0
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000.0 + math.floor(tonumber(t[2]) / 1000)
+local mode = ARGV[1]
 
-local function load_tat(key)
-  local v = redis.call('GET', key)
-  if v then return math.max(tonumber(v), now) end
-  return now
+if mode == 'beat' then
+  redis.call('ZADD', KEYS[1], now, ARGV[2])
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]))
+  redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3])) * 2)
+  return redis.call('ZCARD', KEYS[1])
 end
 
-local function store_tat(key, tat)
-  if tat <= now then
-    redis.call('DEL', key)
-  else
-    redis.call('SET', key, string.format('%.3f', tat), 'PX', math.ceil(tat - now) + 1000)
+if mode == 'renew' then
+  local ttl = tonumber(ARGV[2])
+  for i = 3, #ARGV, 2 do
+    redis.call('ZADD', KEYS[tonumber(ARGV[i])], 'XX', now + ttl, ARGV[i + 1])
   end
-end
-
-local rpm, tpm, conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local tokens = tonumber(ARGV[5])
-
-if ARGV[1] == 'release' then
-  redis.call('ZREM', KEYS[3], ARGV[6])
-  if tpm > 0 then
-    local used = tonumber(ARGV[7])
-    local v = redis.call('GET', KEYS[2])
-    if v then store_tat(KEYS[2], math.max(tonumber(v) + (used - tokens) * (PERIOD / tpm), now)) end
-  end
+  for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], math.ceil(ttl) + 1000) end
   return 1
 end
 
-local reason, retry = 0, 0
-local rpm_tat, rpm_new, tpm_tat, tpm_new = now, now, now, now
-if rpm > 0 then
-  rpm_tat = load_tat(KEYS[1])
-  rpm_new = rpm_tat + PERIOD / rpm
-  if rpm_new - now > PERIOD then reason, retry = 1, rpm_new - now - PERIOD end
-end
-if tpm > 0 then
-  tpm_tat = load_tat(KEYS[2])
-  tpm_new = tpm_tat + tokens * (PERIOD / tpm)
-  if tokens > tpm then reason, retry = 4, -1
-  elseif reason == 0 and tpm_new - now > PERIOD then reason, retry = 2, tpm_new - now - PERIOD end
-end
-if reason == 0 and conc > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  if redis.call('ZCARD', KEYS[3]) >= conc then
-    reason = 3
-    local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-    retry = math.min(tonumber(first[2]) - now, 1000)
+local function load_tat(key, limit, hint)
+  local v = redis.call('GET', key)
+  if not v then
+    if hint > 0 then return now + hint end
+    return now
   end
+  local tat, old = string.match(v, '^(%S+) (%S+)$')
+  if tat then tat, old = tonumber(tat), tonumber(old) else tat, old = tonumber(v), limit end
+  if tat > now and old ~= limit then tat = now + (tat - now) * old / limit end
+  return math.max(tat, now)
 end
 
-if reason == 0 then
-  if rpm > 0 then store_tat(KEYS[1], rpm_new) end
-  if tpm > 0 then store_tat(KEYS[2], tpm_new) end
-  if conc > 0 then
-    local ttl = tonumber(ARGV[7])
-    redis.call('ZADD', KEYS[3], now + ttl, ARGV[6])
-    redis.call('PEXPIRE', KEYS[3], math.ceil(ttl) + 1000)
+local function store_tat(key, tat, limit)
+  if tat <= now then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, string.format('%.3f %d', tat, limit), 'PX', math.ceil(tat - now) + 1000)
   end
-else
-  rpm_new, tpm_new = rpm_tat, tpm_tat
 end
 
 local function remaining(limit, tat)
   if limit <= 0 then return -1 end
   return math.floor((PERIOD - (tat - now)) / (PERIOD / limit))
 end
-return string.format('%d %d %d %d %d %d %d', reason == 0 and 1 or 0, reason,
-                     remaining(rpm, rpm_new), math.ceil(rpm_new - now),
-                     remaining(tpm, tpm_new), math.ceil(tpm_new - now), math.ceil(retry))
+
+local id = ARGV[2]
+
+if mode == 'release' then
+  local used, reserved, held = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+  local n = tonumber(ARGV[8])
+  for i = 0, n - 1 do
+    local k, a = 2 + 4 * i, 9 + 3 * i
+    local tpm, conc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    local removed = redis.call('ZREM', KEYS[k + 2], id)
+    if i == 0 and removed == 0 and ARGV[6] == '1' then
+      redis.call('SET', KEYS[1], '1', 'PX', math.ceil(tonumber(ARGV[7])) + 1000)
+    end
+    if removed == 1 and tpm > 0 then
+      local tat = load_tat(KEYS[k + 1], tpm, 0)
+      local delta = (used - reserved) * (PERIOD / tpm)
+      if tat > now then store_tat(KEYS[k + 1], math.max(tat + delta, now), tpm) end
+    end
+    if removed == 1 and conc > 0 and held > 0 then
+      local mean = tonumber(redis.call('GET', KEYS[k + 3]) or held)
+      redis.call('SET', KEYS[k + 3], string.format('%d', 0.8 * mean + 0.2 * held), 'PX', 600000)
+    end
+  end
+  return 1
+end
+
+-- acquire
+local ttl, tokens, n = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local gone = redis.call('EXISTS', KEYS[1]) == 1
+local again = n > 0 and redis.call('ZSCORE', KEYS[4], id) ~= false
+local reason, at, retry = 0, 0, 0
+if gone then reason, at = 3, 1 end  -- released while in doubt: never admit it now
+local rpm_tat, tpm_tat, rpm_new, tpm_new = {}, {}, {}, {}
+for i = 0, n - 1 do
+  local k, a = 2 + 4 * i, 6 + 5 * i
+  local rpm, tpm = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  rpm_tat[i], tpm_tat[i], rpm_new[i], tpm_new[i] = now, now, now, now
+  if rpm > 0 then
+    rpm_tat[i] = load_tat(KEYS[k], rpm, tonumber(ARGV[a + 3]))
+    rpm_new[i] = rpm_tat[i] + PERIOD / rpm
+    if reason == 0 and not again and rpm_new[i] - now > PERIOD then
+      reason, at, retry = 1, i + 1, rpm_new[i] - now - PERIOD
+    end
+  end
+  if tpm > 0 then
+    tpm_tat[i] = load_tat(KEYS[k + 1], tpm, tonumber(ARGV[a + 4]))
+    tpm_new[i] = tpm_tat[i] + tokens * (PERIOD / tpm)
+    if tokens > tpm and not again then reason, at, retry = 4, i + 1, -1
+    elseif reason == 0 and not again and tpm_new[i] - now > PERIOD then
+      reason, at, retry = 2, i + 1, tpm_new[i] - now - PERIOD
+    end
+  end
+end
+if reason == 0 and not again then
+  for i = 0, n - 1 do
+    local k, conc = 2 + 4 * i, tonumber(ARGV[8 + 5 * i])
+    if reason == 0 and conc > 0 then
+      redis.call('ZREMRANGEBYSCORE', KEYS[k + 2], '-inf', now)
+      if redis.call('ZCARD', KEYS[k + 2]) >= conc then
+        local first = redis.call('ZRANGE', KEYS[k + 2], 0, 0, 'WITHSCORES')
+        retry = tonumber(first[2]) - now
+        local mean = redis.call('GET', KEYS[k + 3])
+        if mean then retry = math.min(retry, tonumber(mean)) end
+        reason, at = 3, i + 1
+      end
+    end
+  end
+end
+
+local admit = reason == 0 and not again
+local out = {}
+for i = 0, n - 1 do
+  local k, a = 2 + 4 * i, 6 + 5 * i
+  local rpm, tpm = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  if admit then
+    if rpm > 0 then store_tat(KEYS[k], rpm_new[i], rpm) end
+    if tpm > 0 then store_tat(KEYS[k + 1], tpm_new[i], tpm) end
+    redis.call('ZADD', KEYS[k + 2], now + ttl, id)
+    redis.call('PEXPIRE', KEYS[k + 2], math.ceil(ttl) + 1000)
+  else
+    rpm_new[i], tpm_new[i] = rpm_tat[i], tpm_tat[i]
+  end
+  out[#out + 1] = string.format('%d %d %d %d', remaining(rpm, rpm_new[i]),
+    math.ceil(rpm_new[i] - now), remaining(tpm, tpm_new[i]), math.ceil(tpm_new[i] - now))
+end
+return string.format('%d %d %d %d ', reason == 0 and 1 or 0, reason, at, math.ceil(retry))
+  .. table.concat(out, ' ')
 """

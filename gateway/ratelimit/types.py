@@ -1,18 +1,26 @@
 """Rate-limit vocabulary shared by the Redis, in-process and fail-over limiters.
 
-Each tenant has three limits, all checked and taken together in one atomic step:
+One admission checks a list of *scopes* (the tenant; the API key when it has limits of its own;
+the visitor of widget traffic), all in one atomic step. Each scope has three limits:
 
     requests per minute (RPM)   GCRA, burst = the whole minute's allowance
     tokens per minute (TPM)     GCRA on tokens; admission reserves prompt + max output tokens,
                                 release reconciles with the real usage (refund or extra charge)
-    concurrency                 leases with a TTL (a crashed replica's leases expire by themselves)
+    concurrency                 leases with a short TTL, renewed while the request runs (a crashed
+                                replica's leases expire by themselves)
 
-A limit of 0 means unlimited; its dimension is skipped and reports no headers.
+A limit of 0 means unlimited; its dimension is skipped and reports no headers. A request is
+admitted only if every scope admits it; nothing is taken from any scope otherwise.
+
+Lease life cycle: the caller makes the ``Lease`` (its id) *before* the admission call and
+releases it in a ``finally`` whatever happened to that call (admitted, rejected, timed out,
+cancelled). ``release`` is idempotent and safe for a lease that was never admitted.
 """
 
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,6 +32,11 @@ REASON_TOKENS = "tokens"
 REASON_CONCURRENCY = "concurrency"
 REASON_TOO_LARGE = "too_large"  # tokens of one request exceed the whole TPM: never admissible
 REASONS = (None, REASON_REQUESTS, REASON_TOKENS, REASON_CONCURRENCY, REASON_TOO_LARGE)
+
+# Scope kinds, outermost first (the order an admission lists them in).
+SCOPE_TENANT = "tenant"
+SCOPE_KEY = "key"
+SCOPE_VISITOR = "visitor"
 
 
 class LimiterUnavailable(Exception):
@@ -40,6 +53,47 @@ class Limits:
         if min(self.rpm, self.tpm, self.max_concurrency) < 0:
             raise ValueError(f"limits must be >= 0 (0 = unlimited): {self}")
 
+    def share(self, fraction: float) -> Limits:
+        """Each limit times ``fraction``, rounded down but never below 1 (0 stays unlimited)."""
+        return Limits(*(_part(v, fraction) for v in (self.rpm, self.tpm, self.max_concurrency)))
+
+
+def _part(limit: int, fraction: float) -> int:
+    return 0 if limit == 0 else max(1, math.floor(limit * fraction))
+
+
+@dataclass(frozen=True)
+class Scope:
+    """One set of limits an admission must fit in. ``id`` is unique within the tenant and kind
+    (tenant: the tenant id; key: the key id; visitor: a hash of the end user or client address)."""
+
+    kind: str  # SCOPE_TENANT | SCOPE_KEY | SCOPE_VISITOR
+    id: str
+    limits: Limits
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One admission attempt: made before the call, released exactly once in ``finally``.
+
+    Every scope of a lease lives under ``tenant`` (the Redis cluster hash tag), so one script
+    call checks and takes them all."""
+
+    tenant: str
+    lease_id: str
+    scopes: tuple[Scope, ...]
+    reserved_tokens: int
+
+    @classmethod
+    def new(cls, tenant: str, scopes: tuple[Scope, ...], tokens: int) -> Lease:
+        assert scopes and scopes[0].kind == SCOPE_TENANT, "the tenant scope comes first"
+        return cls(tenant, uuid.uuid4().hex, scopes, tokens)
+
+    @classmethod
+    def single(cls, tenant: str, limits: Limits, tokens: int) -> Lease:
+        """A lease with the tenant scope alone (tools, benchmarks)."""
+        return cls.new(tenant, (Scope(SCOPE_TENANT, tenant, limits),), tokens)
+
 
 @dataclass(frozen=True)
 class Quota:
@@ -47,28 +101,54 @@ class Quota:
 
     limit: int
     remaining: int
-    reset_ms: float  # time until this dimension is fully replenished
+    reset_ms: float  # time until this dimension is fully replenished (the GCRA debt)
 
 
 @dataclass(frozen=True)
-class Lease:
-    """Proof of admission; ``release`` must be called exactly once (in ``finally``)."""
+class ScopeState:
+    """One scope's quotas after a decision (None: that dimension is unlimited)."""
 
-    tenant: str
-    lease_id: str
-    limits: Limits
-    reserved_tokens: int
-    backend: str  # "redis" or "memory": release goes where the lease was taken
+    kind: str
+    requests: Quota | None
+    tokens: Quota | None
 
 
 @dataclass(frozen=True)
 class Decision:
     allowed: bool
     reason: str | None
-    requests: Quota | None  # None when RPM is unlimited
-    tokens: Quota | None  # None when TPM is unlimited
+    scope: str | None  # the rejecting scope's kind; when allowed, the most restrictive one
+    requests: Quota | None  # the most restrictive scope's (the rejecting scope's when rejected)
+    tokens: Quota | None
     retry_after_ms: float  # 0 when allowed; -1 when never admissible
     lease: Lease | None  # set exactly when allowed
+    states: tuple[ScopeState, ...] = ()  # per scope, in the lease's order
+
+    @classmethod
+    def of(
+        cls,
+        lease: Lease,
+        states: tuple[ScopeState, ...],
+        reason: str | None,
+        rejecting: int | None,
+        retry_after_ms: float,
+    ) -> Decision:
+        """Headers come from the rejecting scope, else from the least remaining per dimension."""
+        if rejecting is not None:
+            picked = states[rejecting]
+            requests, tokens, scope = picked.requests, picked.tokens, picked.kind
+        else:
+            requests, tokens, scope = _most_restrictive(states)
+        return cls(
+            allowed=reason is None,
+            reason=reason,
+            scope=scope,
+            requests=requests,
+            tokens=tokens,
+            retry_after_ms=0.0 if reason is None else retry_after_ms,
+            lease=lease if reason is None else None,
+            states=states,
+        )
 
     def headers(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -78,9 +158,21 @@ class Decision:
             out[f"x-ratelimit-limit-{suffix}"] = str(quota.limit)
             out[f"x-ratelimit-remaining-{suffix}"] = str(max(0, quota.remaining))
             out[f"x-ratelimit-reset-{suffix}"] = format_duration(quota.reset_ms)
+        if self.scope is not None:
+            out["x-ratelimit-scope"] = self.scope
         if not self.allowed and self.retry_after_ms >= 0:
             out["Retry-After"] = str(max(1, math.ceil(self.retry_after_ms / 1000.0)))
         return out
+
+
+def _most_restrictive(states: tuple[ScopeState, ...]) -> tuple[Quota | None, Quota | None, str]:
+    def fraction(q: Quota | None) -> float:
+        return 2.0 if q is None else q.remaining / q.limit
+
+    requests = min((s.requests for s in states if s.requests), key=fraction, default=None)
+    tokens = min((s.tokens for s in states if s.tokens), key=fraction, default=None)
+    tightest = min(states, key=lambda s: min(fraction(s.requests), fraction(s.tokens)))
+    return requests, tokens, tightest.kind
 
 
 def format_duration(ms: float) -> str:
@@ -96,8 +188,14 @@ def format_duration(ms: float) -> str:
 
 
 class Limiter(Protocol):
-    async def acquire(self, tenant: str, limits: Limits, tokens: int) -> Decision: ...
+    async def acquire(self, lease: Lease) -> Decision:
+        """Check every scope of ``lease`` and, if all admit, take from all of them."""
+        ...
 
-    async def release(self, lease: Lease, used_tokens: int) -> None: ...
+    async def release(self, lease: Lease, used_tokens: int) -> None:
+        """Give the lease back and reconcile TPM with ``used_tokens``. Idempotent; a no-op for a
+        lease that was rejected; for one whose admission call did not complete, undoes whatever
+        that call may still have taken."""
+        ...
 
     async def close(self) -> None: ...

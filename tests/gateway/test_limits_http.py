@@ -153,7 +153,8 @@ async def test_concurrency_limit(
         slow = asyncio.create_task(chat(gw, t.key, max_tokens=400))
         await wait_for(lambda: gw.state.engine.cache_stats().blocks_in_use > 0)
         status, headers, body = await chat(gw, t.key)
-        assert status == 429 and headers["Retry-After"] == "1"
+        # No hold time measured yet: the oldest lease's expiry (KVGATE_LEASE_TTL_S) bounds it.
+        assert status == 429 and 1 <= int(headers["Retry-After"]) <= 30
         assert "concurrent" in body["error"]["message"]
         assert (await slow)[0] == 200
         assert (await chat(gw, t.key))[0] == 200  # the lease came back

@@ -8,7 +8,16 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.ratelimit import Limiter, Limits, MemoryLimiter, RedisLimiter, make_client
+from gateway.ratelimit import (
+    Decision,
+    Lease,
+    Limiter,
+    Limits,
+    MemoryLimiter,
+    RedisLimiter,
+    Scope,
+    make_client,
+)
 from gateway.ratelimit.types import format_duration
 from tests.gateway.conftest import SHARED_REDIS_URL
 
@@ -18,93 +27,163 @@ async def limiter(
     request: pytest.FixtureRequest, shared_redis: aioredis.Redis, redis_prefix: str
 ) -> AsyncIterator[Limiter]:
     if request.param == "memory":
-        yield MemoryLimiter()
-        return
-    lim = RedisLimiter(make_client(SHARED_REDIS_URL, 1.0), redis_prefix)
+        lim: Limiter = MemoryLimiter()
+    else:
+        lim = RedisLimiter(make_client(SHARED_REDIS_URL, 1.0), redis_prefix)
     yield lim
+    if isinstance(lim, MemoryLimiter):
+        lim.check_integrity()
     await lim.close()
+
+
+async def admit(lim: Limiter, tenant: str, limits: Limits, tokens: int) -> Decision:
+    return await lim.acquire(Lease.single(tenant, limits, tokens))
+
+
+async def held(lim: Limiter, tenant: str, scope: Scope | None = None) -> int:
+    if isinstance(lim, RedisLimiter):
+        return await lim.active_leases(tenant, scope)
+    assert isinstance(lim, MemoryLimiter)
+    return lim.active_leases(tenant, *((scope.kind, scope.id) if scope else ()))
 
 
 async def test_rpm_burst_is_exact_then_rejects_with_retry(limiter: Limiter) -> None:
     limits = Limits(rpm=5)
-    decisions = [await limiter.acquire("t1", limits, 10) for _ in range(6)]
+    decisions = [await admit(limiter, "t1", limits, 10) for _ in range(6)]
     assert [d.allowed for d in decisions] == [True] * 5 + [False]
     assert [d.requests.remaining for d in decisions[:5]] == [4, 3, 2, 1, 0]
     rejected = decisions[-1]
     assert rejected.reason == "requests" and rejected.lease is None
+    assert rejected.scope == "tenant"
     # One request per 12 s refills; the next slot opens within 12 s.
     assert 11_000 <= rejected.retry_after_ms <= 12_000
     headers = rejected.headers()
     assert headers["x-ratelimit-limit-requests"] == "5"
     assert headers["x-ratelimit-remaining-requests"] == "0"
+    assert headers["x-ratelimit-scope"] == "tenant"
     assert headers["Retry-After"] == "12"
     assert "x-ratelimit-limit-tokens" not in headers  # TPM unlimited here
     # Another tenant is unaffected.
-    assert (await limiter.acquire("t2", limits, 10)).allowed
+    assert (await admit(limiter, "t2", limits, 10)).allowed
 
 
 async def test_tpm_reserves_then_reconciles(limiter: Limiter) -> None:
     limits = Limits(tpm=1000)
-    first = await limiter.acquire("t", limits, 600)
+    first = await admit(limiter, "t", limits, 600)
     assert first.allowed and first.tokens.remaining == 400
-    second = await limiter.acquire("t", limits, 600)
+    second = await admit(limiter, "t", limits, 600)
     assert not second.allowed and second.reason == "tokens"
     assert second.tokens.remaining == 400  # a rejection takes nothing
     await limiter.release(first.lease, used_tokens=100)  # 500 tokens refunded
-    third = await limiter.acquire("t", limits, 600)
+    await limiter.release(first.lease, used_tokens=100)  # idempotent: no second refund
+    await limiter.release(second.lease or Lease.single("t", limits, 600), 0)  # rejected: no-op
+    third = await admit(limiter, "t", limits, 600)
     assert third.allowed and 298 <= third.tokens.remaining <= 300
     h = third.headers()
     assert h["x-ratelimit-limit-tokens"] == "1000" and h["x-ratelimit-reset-tokens"].endswith("s")
 
 
+async def test_rejected_lease_release_gives_nothing_back(limiter: Limiter) -> None:
+    limits = Limits(tpm=1000)
+    assert (await admit(limiter, "t", limits, 900)).allowed
+    lease = Lease.single("t", limits, 900)
+    assert not (await limiter.acquire(lease)).allowed
+    await limiter.release(lease, used_tokens=0)  # would refund 900 if it were counted
+    assert not (await admit(limiter, "t", limits, 900)).allowed
+
+
 async def test_request_larger_than_tpm_is_never_admissible(limiter: Limiter) -> None:
-    d = await limiter.acquire("t", Limits(rpm=10, tpm=100), 101)
+    d = await admit(limiter, "t", Limits(rpm=10, tpm=100), 101)
     assert not d.allowed and d.reason == "too_large" and d.retry_after_ms == -1
     assert "Retry-After" not in d.headers()
     assert d.requests.remaining == 10  # nothing taken
 
 
-async def test_concurrency_leases(limiter: Limiter) -> None:
+async def test_concurrency_leases_and_truthful_retry_after(limiter: Limiter) -> None:
     limits = Limits(max_concurrency=2)
-    a = await limiter.acquire("t", limits, 1)
-    b = await limiter.acquire("t", limits, 1)
-    c = await limiter.acquire("t", limits, 1)
+    a = await admit(limiter, "t", limits, 1)
+    b = await admit(limiter, "t", limits, 1)
+    c = await admit(limiter, "t", limits, 1)
     assert a.allowed and b.allowed and not c.allowed and c.reason == "concurrency"
-    assert c.headers()["Retry-After"] == "1"
-    await limiter.release(a.lease, 1)
-    d = await limiter.acquire("t", limits, 1)
+    # No hold time measured yet: the oldest lease's expiry (TTL 30 s) is the honest bound.
+    assert 28 <= int(c.headers()["Retry-After"]) <= 30
+    await asyncio.sleep(0.05)
+    await limiter.release(a.lease, 1)  # held ~50 ms: now the typical hold time is known
+    d = await admit(limiter, "t", limits, 1)
     assert d.allowed
+    e = await admit(limiter, "t", limits, 1)
+    assert not e.allowed and 0 < e.retry_after_ms < 1000 and e.headers()["Retry-After"] == "1"
     await limiter.release(b.lease, 1)
     await limiter.release(d.lease, 1)
-    if isinstance(limiter, MemoryLimiter):
-        limiter.check_integrity()
-    assert (
-        await limiter.active_leases("t")  # type: ignore[attr-defined]
-        if isinstance(limiter, RedisLimiter)
-        else limiter.active_leases("t")  # type: ignore[attr-defined]
-    ) == 0
+    assert await held(limiter, "t") == 0
 
 
-async def test_lease_expires_by_ttl() -> None:
+async def test_raised_limit_applies_to_the_next_request(limiter: Limiter) -> None:
+    assert (await admit(limiter, "t", Limits(rpm=1), 1)).allowed
+    assert not (await admit(limiter, "t", Limits(rpm=1), 1)).allowed
+    raised = await admit(limiter, "t", Limits(rpm=600), 1)
+    assert raised.allowed and raised.requests.remaining == 598  # 2 of 600 used
+    # Lowered again: the requests already made count against the new limit.
+    assert not (await admit(limiter, "t", Limits(rpm=2), 1)).allowed
+
+
+async def test_every_scope_must_admit_and_the_rejecting_scope_is_named(
+    limiter: Limiter,
+) -> None:
+    tenant = Scope("tenant", "t", Limits(rpm=100, tpm=10_000, max_concurrency=10))
+    key = Scope("key", "k1", Limits(rpm=2))
+    visitor = Scope("visitor", "v1", Limits(max_concurrency=1))
+    first = await limiter.acquire(Lease.new("t", (tenant, key, visitor), 10))
+    assert first.allowed
+    # Most restrictive per dimension: the key's RPM (1 of 2 left), the tenant's TPM.
+    h = first.headers()
+    assert h["x-ratelimit-limit-requests"] == "2" and h["x-ratelimit-remaining-requests"] == "1"
+    assert h["x-ratelimit-limit-tokens"] == "10000" and h["x-ratelimit-scope"] == "key"
+    busy = await limiter.acquire(Lease.new("t", (tenant, key, visitor), 10))
+    assert not busy.allowed and busy.reason == "concurrency" and busy.scope == "visitor"
+    other_visitor = Scope("visitor", "v2", Limits(max_concurrency=1))
+    second = await limiter.acquire(Lease.new("t", (tenant, key, other_visitor), 10))
+    assert second.allowed
+    v3 = Scope("visitor", "v3", Limits())
+    third = await limiter.acquire(Lease.new("t", (tenant, key, v3), 1))
+    assert not third.allowed and third.reason == "requests" and third.scope == "key"
+    assert third.headers()["x-ratelimit-limit-requests"] == "2"
+    # Rejections took nothing from the tenant: 2 admitted requests, 20 tokens.
+    assert second.states[0].requests.remaining == 98
+    assert await held(limiter, "t") == 2 and await held(limiter, "t", visitor) == 1
+    await limiter.release(first.lease, 5)
+    await limiter.release(second.lease, 5)
+    assert await held(limiter, "t") == 0 and await held(limiter, "t", visitor) == 0
+
+
+async def test_lease_expires_by_ttl_unless_renewed() -> None:
     now = [0.0]
     lim = MemoryLimiter(lease_ttl_s=1.0, clock=lambda: now[0])
     limits = Limits(max_concurrency=1)
-    assert (await lim.acquire("t", limits, 1)).allowed
-    assert not (await lim.acquire("t", limits, 1)).allowed
-    now[0] = 1001.0  # the holder crashed without releasing
-    assert (await lim.acquire("t", limits, 1)).allowed
+    crashed = await admit(lim, "t", limits, 1)
+    assert crashed.allowed
+    assert not (await admit(lim, "t", limits, 1)).allowed
+    await lim.renew([crashed.lease])  # the renewal task's work, at t = 0
+    now[0] = 900.0
+    await lim.renew(lim.book.live())
+    now[0] = 1500.0  # 1.5 TTL after admission, 0.6 after the last renewal: still held
+    assert not (await admit(lim, "t", limits, 1)).allowed
+    now[0] = 1901.0  # the holder stopped renewing (crashed): freed one TTL later
+    assert (await admit(lim, "t", limits, 1)).allowed
     lim.check_integrity()
+    await lim.close()
 
 
 async def test_gcra_refills_over_time() -> None:
     now = [0.0]
     lim = MemoryLimiter(clock=lambda: now[0])
     limits = Limits(rpm=60)
-    assert all([(await lim.acquire("t", limits, 1)).allowed for _ in range(60)])
-    assert not (await lim.acquire("t", limits, 1)).allowed
+    assert all([(await admit(lim, "t", limits, 1)).allowed for _ in range(60)])
+    assert not (await admit(lim, "t", limits, 1)).allowed
     now[0] = 1000.0  # one second = one request at 60 RPM
-    assert (await lim.acquire("t", limits, 1)).allowed
-    assert not (await lim.acquire("t", limits, 1)).allowed
+    assert (await admit(lim, "t", limits, 1)).allowed
+    assert not (await admit(lim, "t", limits, 1)).allowed
+    await lim.close()
 
 
 async def test_concurrent_acquires_on_redis_are_exact(
@@ -113,7 +192,7 @@ async def test_concurrent_acquires_on_redis_are_exact(
     # Two limiter instances with separate connection pools, racing on the same tenant.
     lims = [RedisLimiter(make_client(SHARED_REDIS_URL, 1.0), redis_prefix) for _ in range(2)]
     limits = Limits(rpm=25, max_concurrency=1000)
-    results = await asyncio.gather(*(lims[i % 2].acquire("race", limits, 1) for i in range(60)))
+    results = await asyncio.gather(*(admit(lims[i % 2], "race", limits, 1) for i in range(60)))
     assert sum(d.allowed for d in results) == 25
     for lim in lims:
         await lim.close()

@@ -11,7 +11,14 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from gateway.ratelimit import FailoverLimiter, Limits, MemoryLimiter, RedisLimiter, make_client
+from gateway.ratelimit import (
+    FailoverLimiter,
+    Lease,
+    Limits,
+    MemoryLimiter,
+    RedisLimiter,
+    make_client,
+)
 from gateway.ratelimit.types import LimiterUnavailable
 from tests.gateway.conftest import SHARED_REDIS_URL
 from tests.gateway.redis_server import RedisServer
@@ -22,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # (so the two replicas interleave) plus a burst of ``n`` concurrent ones.
 _REPLICA = """
 import asyncio, json, sys
-from gateway.ratelimit import Limits, RedisLimiter, make_client
+from gateway.ratelimit import Lease, Limits, RedisLimiter, make_client
 url, prefix, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 async def main():
     lim = RedisLimiter(make_client(url, 2.0), prefix)
@@ -32,9 +39,9 @@ async def main():
     limits = Limits(rpm=30, tpm=3000)
     allowed = 0
     for _ in range(n):
-        allowed += (await lim.acquire("shared", limits, 50)).allowed
+        allowed += (await lim.acquire(Lease.single("shared", limits, 50))).allowed
         await asyncio.sleep(0.005)
-    ds = await asyncio.gather(*(lim.acquire("shared", limits, 50) for _ in range(n)))
+    ds = await asyncio.gather(*(lim.acquire(Lease.single("shared", limits, 50)) for _ in range(n)))
     print(json.dumps(allowed + sum(d.allowed for d in ds)))
     await lim.close()
 asyncio.run(main())
@@ -88,11 +95,11 @@ async def client_commands(url: str, action) -> list[str]:  # type: ignore[no-unt
 async def test_one_round_trip_per_admission(private_redis: RedisServer) -> None:
     lim = RedisLimiter(make_client(private_redis.url, 1.0), "kvgate:")
     limits = Limits(rpm=100, tpm=1000, max_concurrency=4)
-    await lim.acquire("t", limits, 10)  # connects and loads the script
+    await lim.acquire(Lease.single("t", limits, 10))  # connects and loads the script
     decisions = []
 
     async def admit() -> None:
-        decisions.append(await lim.acquire("t", limits, 10))
+        decisions.append(await lim.acquire(Lease.single("t", limits, 10)))
 
     assert await client_commands(private_redis.url, admit) == ["EVALSHA"]
     assert decisions[0].allowed
@@ -107,10 +114,12 @@ async def test_one_round_trip_per_admission(private_redis: RedisServer) -> None:
 async def test_noscript_falls_back_to_eval(private_redis: RedisServer) -> None:
     lim = RedisLimiter(make_client(private_redis.url, 1.0), "kvgate:")
     admin = aioredis.Redis.from_url(private_redis.url)
-    assert (await lim.acquire("t", Limits(rpm=2), 1)).allowed
+    assert (await lim.acquire(Lease.single("t", Limits(rpm=2), 1))).allowed
     await admin.script_flush()
-    assert (await lim.acquire("t", Limits(rpm=2), 1)).allowed
-    assert not (await lim.acquire("t", Limits(rpm=2), 1)).allowed  # state survived the flush
+    assert (await lim.acquire(Lease.single("t", Limits(rpm=2), 1))).allowed
+    assert not (
+        await lim.acquire(Lease.single("t", Limits(rpm=2), 1))
+    ).allowed  # state survived the flush
     await lim.close()
     await admin.aclose()
 
@@ -130,12 +139,12 @@ async def test_fail_open_while_redis_is_down_and_recover(private_redis: RedisSer
         retry_s=0.05,
     )
     limits = Limits(rpm=100, max_concurrency=10)
-    before = await lim.acquire("t", limits, 1)
-    assert before.lease.backend == "redis"
+    before = await lim.acquire(Lease.single("t", limits, 1))
+    assert not lim.down
 
     private_redis.stop()
-    during = await lim.acquire("t", limits, 1)
-    assert during.allowed and during.lease.backend == "memory"
+    during = await lim.acquire(Lease.single("t", limits, 1))
+    assert during.allowed
     assert lim.down and lim.failovers == 1 and lim.fallback_decisions == 1
     await lim.release(before.lease, 1)  # Redis lease: release fails quietly (TTL frees it)
     await lim.release(during.lease, 1)
@@ -143,8 +152,8 @@ async def test_fail_open_while_redis_is_down_and_recover(private_redis: RedisSer
 
     private_redis.start()  # same port, empty data, no cached script (NOSCRIPT path)
     await _wait_for(lambda: not lim.down)
-    after = await lim.acquire("t", limits, 1)
-    assert after.allowed and after.lease.backend == "redis"
+    after = await lim.acquire(Lease.single("t", limits, 1))
+    assert after.allowed and not lim.down
     assert lim.failovers == 1
     await lim.release(after.lease, 1)
     assert await lim.primary.active_leases("t") == 0
@@ -160,7 +169,7 @@ async def test_fail_closed_raises(private_redis: RedisServer) -> None:
     )
     private_redis.stop()
     try:
-        await lim.acquire("t", Limits(rpm=5), 1)
+        await lim.acquire(Lease.single("t", Limits(rpm=5), 1))
     except LimiterUnavailable:
         pass
     else:
