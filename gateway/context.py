@@ -6,7 +6,7 @@ gateway/app.py; ``GatewayState`` holds the ones that exist only while the app ru
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
 from gateway.auth import KeyCache
+from gateway.drain import Drain
 from gateway.pins import PinManager
 from gateway.ratelimit import Limiter
 from gateway.settings import Settings
@@ -31,6 +32,7 @@ class GatewayState:
     keys: KeyCache
     pins: PinManager
     draining: bool = False  # set at shutdown: /readyz answers 503, new requests are refused
+    drain: Drain = field(default_factory=Drain)  # chat requests in flight, cut at the deadline
 
 
 @dataclass(frozen=True)

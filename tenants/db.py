@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
@@ -18,41 +20,80 @@ from sqlalchemy.ext.asyncio import (
 from tenants.errors import StoreUnavailable
 
 SessionFactory = async_sessionmaker[AsyncSession]
+T = TypeVar("T")
 
 
-def make_engine(url: str, *, connect_timeout_s: float = 5.0, **kwargs: Any) -> AsyncEngine:
+def make_engine(
+    url: str, *, timeout_s: float | None = None, connect_timeout_s: float = 5.0, **kwargs: Any
+) -> AsyncEngine:
     """Create the async engine. SQLite: creates the file's directory, enables foreign keys
     and a busy timeout so concurrent writers wait instead of failing.
+
+    ``timeout_s`` (the request path's database deadline; None for migrations and the CLI, whose
+    statements may run long): the connect timeout, the pool checkout timeout, asyncpg's
+    ``command_timeout`` (client side: a server that stops answering with the TCP connection
+    open still fails the statement) and PostgreSQL's ``statement_timeout`` (server side); for
+    SQLite, the busy timeout. PostgreSQL also ends transactions a vanished client left open
+    (``idle_in_transaction_session_timeout``), so their locks do not outlive an outage.
 
     Statement parameters are kept out of exception messages and SQL logs (``hide_parameters``):
     they include prompt text, cache salts and key hashes, and a failed statement is logged."""
     kwargs.setdefault("hide_parameters", True)
+    connect_s = connect_timeout_s if timeout_s is None else min(connect_timeout_s, timeout_s)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        db = parsed.database
-        if db and db != ":memory:":
-            Path(db).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(url, connect_args={"timeout": connect_timeout_s}, **kwargs)
-        event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
-        if db and db != ":memory:":
-            # WAL: readers (the request path) do not wait for a writer (the admin API).
-            event.listen(engine.sync_engine, "connect", _sqlite_wal)
-        return engine
-    connect_args = {"timeout": connect_timeout_s}  # asyncpg's connect timeout
+        return _sqlite_engine(url, parsed.database, timeout_s or connect_timeout_s, **kwargs)
+    connect_args: dict[str, Any] = {"timeout": connect_s}  # asyncpg's connect timeout
+    if timeout_s is not None:
+        ms = str(int(timeout_s * 1000))
+        connect_args["command_timeout"] = timeout_s
+        connect_args["server_settings"] = {
+            "statement_timeout": ms,
+            "idle_in_transaction_session_timeout": str(int(timeout_s * 4000)),
+        }
+        kwargs.setdefault("pool_timeout", timeout_s)
     return create_async_engine(url, pool_pre_ping=True, connect_args=connect_args, **kwargs)
 
 
-def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA busy_timeout=5000")
-    cur.close()
+def _sqlite_engine(url: str, db: str | None, busy_s: float, **kwargs: Any) -> AsyncEngine:
+    if db and db != ":memory:":
+        Path(db).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_async_engine(url, connect_args={"timeout": busy_s}, **kwargs)
+    busy_ms = int(busy_s * 1000)
+
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute(f"PRAGMA busy_timeout={busy_ms}")
+        cur.close()
+
+    event.listen(engine.sync_engine, "connect", on_connect)
+    if db and db != ":memory:":
+        # WAL: readers (the request path) do not wait for a writer (the admin API).
+        event.listen(engine.sync_engine, "connect", _sqlite_wal)
+    return engine
 
 
 def _sqlite_wal(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.close()
+
+
+async def within(seconds: float | None, work: Awaitable[T]) -> T:
+    """``await work``, but for at most ``seconds`` (None: no bound). On expiry the work is
+    cancelled and ``TimeoutError`` raised at once (``is_unavailable`` counts it as an outage):
+    the cancelled work's own clean-up (rolling back on a connection that stopped answering)
+    finishes in the background instead of extending the wait. Its transaction never commits."""
+    if seconds is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    try:
+        async with asyncio.timeout(seconds):
+            return await asyncio.shield(task)
+    except BaseException:
+        task.cancel()
+        raise
 
 
 def make_session_factory(engine: AsyncEngine) -> SessionFactory:

@@ -6,10 +6,12 @@ functions of tenants/runtime.py, tenants/service.py and tenants/queries.py direc
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
+from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
@@ -20,9 +22,11 @@ from tenants.db import (
     make_engine,
     make_session_factory,
     unavailable,
+    within,
 )
-from tenants.errors import TenantExists, TenantStoreError
+from tenants.errors import StoreUnavailable, TenantExists, TenantStoreError
 from tenants.events import EventBus, TenantChanged
+from tenants.health import DbHealth
 from tenants.runtime import KeyIdentity, TenantRuntime
 from tenants.schemas import (
     AuditPage,
@@ -56,6 +60,10 @@ def _outages_unavailable() -> Iterator[None]:
         raise
 
 
+async def _select_one(session: AsyncSession) -> None:
+    await session.execute(text("SELECT 1"))
+
+
 class TenantStore:
     def __init__(
         self,
@@ -64,11 +72,16 @@ class TenantStore:
         bus: EventBus | None = None,
         default_limits: Limits = DEFAULT_LIMITS,
         engine: AsyncEngine | None = None,
+        deadline_s: float | None = None,
+        health: DbHealth | None = None,
     ) -> None:
         self.sessions = sessions
         self.bus = bus or EventBus()
         self.default_limits = default_limits
         self._engine = engine  # owned (disposed by aclose) only when set
+        # The request path's bound on a whole unit of work (None: the CLI, no bound).
+        self.deadline_s = deadline_s
+        self.health = health or DbHealth(retry_s=0.0)  # the gateway passes a fail-fast one
 
     @classmethod
     def open(
@@ -86,19 +99,56 @@ class TenantStore:
         return bind
 
     async def aclose(self) -> None:
-        if self._engine is not None:
-            await self._engine.dispose()
+        if self._engine is None:
+            return
+        # Closing a connection to a server that stopped answering waits for its goodbye:
+        # bounded, then the connections are left to the process exit.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.deadline_s):
+                await self._engine.dispose()
 
     async def _write(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
         """Run ``fn`` in one transaction; nothing is left half-written on any failure."""
-        with _outages_unavailable():
-            async with self.sessions() as session, session.begin():
-                return await fn(session)
+        return await self._unit(fn, write=True)
 
     async def _read(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
-        with _outages_unavailable():
-            async with self.sessions() as session:
+        return await self._unit(fn, write=False)
+
+    async def _unit(self, fn: Callable[[AsyncSession], Awaitable[T]], *, write: bool) -> T:
+        """One unit of work within ``deadline_s``. A database that cannot be reached (or does
+        not answer in time) becomes ``StoreUnavailable`` and marks it down; while it is down,
+        units of work fail at once except one trial per retry interval (``DbHealth``)."""
+        if not self.health.admit():
+            raise StoreUnavailable("tenant database unavailable (retrying)")
+        try:
+            with _outages_unavailable():
+                result = await within(self.deadline_s, self._run(fn, write))
+        except StoreUnavailable as exc:
+            self.health.failed(exc)
+            raise
+        except (TenantStoreError, IntegrityError):
+            self.health.succeeded()  # the database answered (not found, conflict, ...)
+            raise
+        self.health.succeeded()
+        return result
+
+    async def _run(self, fn: Callable[[AsyncSession], Awaitable[T]], write: bool) -> T:
+        async with self.sessions() as session:
+            if not write:
                 return await fn(session)
+            async with session.begin():
+                return await fn(session)
+
+    async def ping(self, timeout_s: float) -> bool:
+        """One ``SELECT 1`` within ``timeout_s`` (readiness probe); updates ``health``."""
+        try:
+            with _outages_unavailable():
+                await within(timeout_s, self._run(_select_one, False))
+        except StoreUnavailable as exc:
+            self.health.failed(exc)
+            return False
+        self.health.succeeded()
+        return True
 
     # -- mutations: commit, then announce -------------------------------------------------
     async def create_tenant(self, data: TenantCreate, *, actor: str) -> TenantOut:
