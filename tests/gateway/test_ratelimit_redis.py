@@ -176,3 +176,113 @@ async def test_fail_closed_raises(private_redis: RedisServer) -> None:
         raise AssertionError("expected LimiterUnavailable")
     assert lim.fallback_decisions == 0
     await lim.close()
+
+
+async def test_a_lease_released_while_its_admission_is_in_doubt_is_never_admitted_later(
+    private_redis: RedisServer,
+) -> None:
+    lim = RedisLimiter(make_client(private_redis.url, 1.0), "kvgate:")
+    limits = Limits(tpm=1000, max_concurrency=1)
+    late = Lease.single("t", limits, 600)
+    # The admission call was sent, then the caller gave up (timeout, disconnect) and released
+    # the lease before Redis ran the script: the release leaves a tombstone...
+    lim.book.begin(late)
+    await lim.release(late, used_tokens=0)
+    # ... so when the late script runs, it takes nothing.
+    assert not (await lim.acquire(late)).allowed
+    assert await lim.active_leases("t") == 0
+    fresh = await lim.acquire(Lease.single("t", limits, 1000))
+    assert fresh.allowed  # nothing of the late lease's 600 tokens was reserved
+    # The same admission sent twice (a retry after a lost reply) counts once.
+    again = await lim.acquire(fresh.lease)
+    assert again.allowed and again.tokens.remaining == 0
+    assert await lim.active_leases("t") == 1
+    await lim.release(fresh.lease, 1000)
+    assert await lim.active_leases("t") == 0
+    lim.book.check_integrity()
+    assert len(lim.book) == 0
+    await lim.close()
+
+
+async def test_leases_are_renewed_in_redis_while_held(private_redis: RedisServer) -> None:
+    lim = RedisLimiter(make_client(private_redis.url, 1.0), "kvgate:", lease_ttl_s=0.6)
+    admin = aioredis.Redis.from_url(private_redis.url)
+    limits = Limits(max_concurrency=1)
+    held = await lim.acquire(Lease.single("t", limits, 1))
+    assert held.allowed
+    await asyncio.sleep(1.0)  # longer than the TTL: the renewal (every 0.2 s) kept it
+    assert not (await lim.acquire(Lease.single("t", limits, 1))).allowed
+    assert lim.renewer.rounds >= 3
+    key = "kvgate:rl:{t}:leases"
+    expiry = await admin.zscore(key, held.lease.lease_id)
+    seconds, micros = await admin.time()
+    now_ms = seconds * 1000 + micros / 1000
+    assert now_ms < expiry <= now_ms + 700
+    await lim.renewer.close()  # the replica "crashes": nobody renews any more
+    await asyncio.sleep(0.7)
+    assert (await lim.acquire(Lease.single("t", limits, 1))).allowed
+    await lim.close()
+    await admin.aclose()
+
+
+async def test_a_restart_costs_no_failover_for_stale_pooled_connections(
+    private_redis: RedisServer,
+) -> None:
+    lim = FailoverLimiter(
+        RedisLimiter(make_client(private_redis.url, 0.5), "kvgate:"),
+        MemoryLimiter(),
+        retry_s=0.05,
+    )
+    limits = Limits(rpm=10_000)
+    # Ten concurrent admissions leave ten pooled connections.
+    await asyncio.gather(*(lim.acquire(Lease.single("t", limits, 1)) for _ in range(10)))
+    private_redis.stop()
+    private_redis.start()
+    for _ in range(12):  # each of the stale connections is met once, then replaced
+        assert (await lim.acquire(Lease.single("t", limits, 1))).allowed
+    assert lim.failovers == 0 and lim.fallback_decisions == 0
+    await lim.close()
+
+
+async def _hammer(lim: FailoverLimiter, limits: Limits, until: float, admitted: list[int]) -> None:
+    while time.monotonic() < until:
+        lease = Lease.single("busy", limits, 1)
+        decision = await lim.acquire(lease)
+        admitted.append(int(decision.allowed))
+        await lim.release(lease, 1)
+        await asyncio.sleep(0.005)
+
+
+async def test_two_replicas_through_a_redis_restart_stay_within_a_quarter_of_the_limit(
+    private_redis: RedisServer,
+) -> None:
+    def replica() -> FailoverLimiter:
+        return FailoverLimiter(
+            RedisLimiter(make_client(private_redis.url, 0.2), "kvgate:"),
+            MemoryLimiter(),
+            retry_s=0.1,
+            heartbeat_s=0.1,
+        )
+
+    replicas = [replica(), replica()]
+    for lim in replicas:
+        await lim.warm()
+    await replicas[0].beat()  # both announced: each sees two live replicas
+    assert [lim.share for lim in replicas] == [0.5, 0.5]
+    limits = Limits(rpm=100)
+    admitted: list[int] = []
+    t0 = time.monotonic()
+    load = [asyncio.ensure_future(_hammer(lim, limits, t0 + 3.5, admitted)) for lim in replicas]
+    await asyncio.sleep(0.8)  # the burst of 100 is spent through Redis
+    private_redis.stop()
+    await asyncio.sleep(1.5)  # each replica on its own, with half of what Redis had left
+    private_redis.start()  # empty: the replicas' debts seed it again
+    await asyncio.gather(*load)
+    elapsed_min = (time.monotonic() - t0) / 60
+    exact = 100 + 100 * elapsed_min  # the burst plus the refill over the run
+    assert all(lim.failovers == 1 and lim.fallback_decisions > 0 for lim in replicas)
+    assert all(not lim.down for lim in replicas)
+    assert exact - 2 <= sum(admitted) <= 1.25 * exact, (sum(admitted), exact)
+    for lim in replicas:
+        lim.check_integrity()
+        await lim.close()
