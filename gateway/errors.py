@@ -3,17 +3,30 @@
 Domain exceptions (tenants, engine) are mapped here by class; views raise them or ``ApiError``.
 Nothing a client sends produces a 500: unexpected exceptions are logged and answered as 500
 ``internal_error`` without details.
+
+Every refusal (an error answer) carries ``x-request-id`` and is logged once, as one
+``request_refused`` line: request id, status, reason (the error code), route template and tenant
+when known. Never a header value, key, body or message text: error messages may quote what the
+client sent, so they stay in the answer to that client and out of the logs. Unexpected exceptions
+are logged by type and stack frames only, for the same reason.
 """
 
 from __future__ import annotations
 
 import json
+import traceback
+import uuid
 from collections.abc import Awaitable, Callable
 
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
 
 log = structlog.get_logger(__name__)
+
+# Set by the views as soon as known; read when a refusal is answered and logged.
+REQUEST_ID = web.RequestKey("request_id", str)
+TENANT = web.RequestKey("tenant", str)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -73,25 +86,98 @@ def error_response(err: ApiError) -> web.Response:
     return web.json_response(err.body(), status=err.status, headers=err.headers)
 
 
+def new_request_id(prefix: str = "req-") -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+def request_id(request: web.BaseRequest) -> str:
+    """The request's id (``x-request-id``): the one a view chose, else a new one, kept."""
+    rid = request.get(REQUEST_ID)
+    if rid is None:
+        rid = new_request_id()
+        request[REQUEST_ID] = rid
+    return rid
+
+
+def route_of(request: web.BaseRequest) -> str:
+    """The matched route's template (``/admin/v1/tenants/{id}``), never the raw path."""
+    try:
+        resource = request.match_info.route.resource  # type: ignore[attr-defined]
+    except (AttributeError, AssertionError):  # a BaseRequest, or not routed (yet)
+        return "unmatched"
+    return f"{request.method} {resource.canonical}" if resource is not None else "unmatched"
+
+
+def log_refusal(rid: str, status: int, reason: str, route: str, tenant: str | None = None) -> None:
+    """The one log line of a refused request. Every field is chosen by the gateway."""
+    fields = {"request_id": rid, "status": status, "reason": reason, "route": route}
+    if tenant:
+        fields["tenant"] = tenant
+    (log.warning if status >= 500 else log.info)("request_refused", **fields)
+
+
+def refuse(request: web.BaseRequest, err: ApiError) -> web.Response:
+    """The answer to a refused request: the error body, ``x-request-id``, one log line."""
+    rid = request_id(request)
+    log_refusal(rid, err.status, err.code or err.type, route_of(request), request.get(TENANT))
+    resp = error_response(err)
+    resp.headers["x-request-id"] = rid
+    return resp
+
+
+def stack_summary(exc: BaseException) -> str:
+    """Type and stack frames of ``exc``, without its message (which may quote client data)."""
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    return f"{type(exc).__module__}.{type(exc).__qualname__}\n{frames}"
+
+
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
+_HTTP_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def body_error(exc: web.RequestPayloadError) -> ApiError:
+    """A body aiohttp could not read: undecodable for its Content-Encoding, or cut short."""
+    if isinstance(exc.__cause__, ContentEncodingError):
+        return ApiError(400, "the request body does not match its Content-Encoding",
+                        code="invalid_content_encoding")  # fmt: skip
+    return ApiError(400, "the request body could not be read", code="invalid_body")
+
+
+def to_http_error(exc: BaseException) -> ApiError | None:
+    """``exc`` as the error a client gets, or None when it is unexpected (a 500)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, web.HTTPException):
+        type_ = _HTTP_TYPES.get(exc.status, "invalid_request_error")
+        code = _HTTP_CODES.get(exc.status)
+        return ApiError(exc.status, exc.reason or "error", type_=type_, code=code)
+    if isinstance(exc, json.JSONDecodeError):
+        return ApiError(400, f"request body is not valid JSON: {exc.msg}")
+    if isinstance(exc, web.RequestPayloadError):
+        return body_error(exc)
+    return to_api_error(exc)
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except ApiError as err:
-        return error_response(err)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        type_ = _HTTP_TYPES.get(exc.status, "invalid_request_error")
-        return error_response(ApiError(exc.status, exc.reason or "error", type_=type_))
-    except json.JSONDecodeError as exc:
-        return error_response(ApiError(400, f"request body is not valid JSON: {exc.msg}"))
+        return refuse(request, _expected(request, exc))
     except Exception as exc:
-        err = to_api_error(exc)
-        if err is not None:
-            return error_response(err)
-        log.exception("unhandled_error", path=request.path)
-        return error_response(ApiError(500, "internal server error", type_="internal_error"))
+        return refuse(request, _expected(request, exc))
+
+
+def _expected(request: web.Request, exc: Exception) -> ApiError:
+    err = to_http_error(exc)
+    if err is None:
+        log.error("unhandled_error", route=route_of(request), error=stack_summary(exc))
+        err = ApiError(500, "internal server error", type_="internal_error")
+    return err
