@@ -26,8 +26,10 @@ when they change.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -311,3 +313,33 @@ def make_runner(
     ``web.AppRunner`` (shutdown_timeout, handler_cancellation, access_log, ...)."""
     kwargs.setdefault("keepalive_timeout", 75.0)  # web.run_app's default (the handler's: 3630)
     return GatewayRunner(app, deadlines=ReadDeadlines(header_timeout_s, body_timeout_s), **kwargs)
+
+
+def run_app(
+    app: web.Application,
+    *,
+    host: str,
+    port: int,
+    header_timeout_s: float,
+    body_timeout_s: float,
+    print: Callable[[str], None] = print,  # web.run_app's name for it
+    **runner_kwargs: Any,
+) -> None:
+    """``web.run_app`` on a :class:`GatewayRunner`: serve until SIGINT / SIGTERM, then clean up
+    (``runner_kwargs``: shutdown_timeout, handler_cancellation, access_log, ...). Exceptions
+    from the app's start-up propagate, as from ``web.run_app``."""
+    runner = make_runner(
+        app, header_timeout_s, body_timeout_s, handle_signals=True, **runner_kwargs
+    )
+
+    async def serve() -> None:
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+            print(f"listening on http://{host}:{port}")
+            await asyncio.Future()  # until a signal raises GracefulExit
+        finally:
+            await runner.cleanup()
+
+    with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
+        asyncio.run(serve())

@@ -118,6 +118,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     from gateway.app import create_app
     from gateway.drain import grace_s
+    from gateway.http import run_app
     from gateway.ratelimit import LimiterUnavailable
     from gateway.telemetry import configure_logging
 
@@ -131,10 +132,12 @@ def main(argv: Sequence[str]) -> int:
     host = args.host or settings.server.host
     port = settings.server.port if args.port is None else args.port
     try:
-        web.run_app(
+        run_app(  # gateway/http.py: web.run_app with read deadlines and quote-free errors
             app,
             host=host,
             port=port,
+            header_timeout_s=settings.server.header_timeout_s,
+            body_timeout_s=settings.server.body_timeout_s,
             # The drain (on_shutdown) already waited for the chat requests and cut the late ones;
             # aiohttp only closes what is left (it waits up to this twice: finish, then cancel).
             shutdown_timeout=grace_s(settings.server.shutdown_timeout_s) / 2,

@@ -8,9 +8,14 @@ import contextlib
 import gzip
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 import time
 import zlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +32,9 @@ from gateway.http import (
     install_log_redaction,
     make_runner,
 )
+from tests.gateway.redis_server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -340,3 +348,45 @@ async def test_the_runner_serves_gateway_protocols() -> None:
         assert proto.keepalive_timeout == 75.0
     finally:
         await runner.cleanup()
+
+
+# -- run_app: what `kvgate serve` runs ----------------------------------------------------------
+SERVE_SCRIPT = """
+import sys
+from gateway.http import run_app
+from gateway.settings import TelemetrySettings
+from gateway.telemetry import configure_logging
+from tests.gateway.test_http import make_app
+
+configure_logging(TelemetrySettings("debug", True, "test", None))
+run_app(make_app(), host="127.0.0.1", port=int(sys.argv[1]), header_timeout_s=0.5,
+        body_timeout_s=0.5, shutdown_timeout=1.0, print=lambda m: print(m, flush=True))
+"""
+
+
+async def test_run_app_serves_with_the_gateway_protocol_and_stops_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = (tmp_path / "out.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_SCRIPT, str(port)], env=env, stdout=out, stderr=out
+    )
+    try:
+        async with asyncio.timeout(20):
+            while b"listening on" not in (tmp_path / "out.log").read_bytes():
+                assert proc.poll() is None, (tmp_path / "out.log").read_text()
+                await asyncio.sleep(0.05)
+        raw = f"GET / HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {SECRET}\x01\r\n\r\n"
+        (await exchange(port, raw.encode())).assert_openai_error(400, "malformed_request")
+        (await exchange(port, b"POST /echo HTTP/1.1\r\n")).assert_openai_error(408)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out.close()
+    logged = (tmp_path / "out.log").read_text()
+    assert logged.count('"event": "request_refused"') == 2, logged
+    assert SECRET not in logged and "Traceback" not in logged, logged
