@@ -35,7 +35,6 @@ from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState, Telemetry
 from gateway.dbready import database_readiness
 from gateway.errors import error_middleware, register_error
 from gateway.http import content_encoding_middleware
-from gateway.openapi import openapi_handler
 from gateway.pins import PinManager
 from gateway.ratelimit import FailoverLimiter, Limiter, MemoryLimiter, RedisLimiter, make_client
 from gateway.ratelimit.types import LimiterUnavailable
@@ -128,7 +127,6 @@ def create_app(
     add_preflight(app, "/v1/chat/completions", "/v1/models")
     register_widget(app, settings)
     app.router.add_get("/healthz", _healthz)
-    app.router.add_get("/openapi.json", openapi_handler(model_name))
     app.router.add_get("/readyz", _readyz)
     return app
 

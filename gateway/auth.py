@@ -18,6 +18,7 @@ from typing import TypeVar
 from aiohttp import web
 
 from gateway.errors import ApiError
+from gateway.widget import tokens
 from tenants.events import TenantChanged
 from tenants.runtime import KeyIdentity, TenantRuntime
 from tenants.store import TenantStore
@@ -38,6 +39,41 @@ class Principal:
     # The end user behind a widget request: a session token's user, else None (the limiter then
     # keys per-visitor limits on the client address).
     end_user_id: str | None = None
+
+    @property
+    def is_widget(self) -> bool:
+        """Browser traffic: a widget key or a widget session token."""
+        return self.identity.kind == "widget"
+
+    @property
+    def allow_client_system(self) -> bool:
+        """Client system/developer messages: the tenant's rule, and for widget traffic also the
+        tenant's explicit widget opt-in (off by default)."""
+        rt = self.runtime
+        return rt.allow_client_system and (not self.is_widget or rt.widget.allow_client_system)
+
+
+def _origin_not_allowed(message: str) -> ApiError:
+    return ApiError(403, message, type_="permission_error", code="origin_not_allowed")
+
+
+def _cors_for_error(request: web.Request) -> None:
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        request[CORS_ORIGIN] = origin
+
+
+def _require_active(rt: TenantRuntime | None) -> TenantRuntime:
+    if rt is None or rt.status == "deleted":
+        raise _invalid_key()
+    if rt.status != "active":
+        raise ApiError(
+            403,
+            f"tenant is {rt.status}",
+            type_="permission_error",
+            code=f"tenant_{rt.status}",
+        )
+    return rt
 
 
 class KeyCache:
@@ -111,29 +147,48 @@ class KeyCache:
                 type_="authentication_error",
                 code="invalid_api_key",
             )
+        if tokens.is_session_token(secret.strip()):
+            return await self._session_principal(request, secret.strip())
         ident = await self.identity(secret.strip())
         if ident is None:
             raise _invalid_key()
         if ident.kind == "widget":
             origin = request.headers.get("Origin")
             if origin is None or origin not in ident.allowed_origins:
-                raise ApiError(
-                    403,
-                    "this widget key is not allowed from this origin",
-                    type_="permission_error",
-                    code="origin_not_allowed",
-                )
+                raise _origin_not_allowed("this widget key is not allowed from this origin")
             request[CORS_ORIGIN] = origin
         if self._on_use is not None:
             self._on_use(ident.key_id)
-        rt = await self.runtime(ident.tenant_id)
-        if rt is None or rt.status == "deleted":
-            raise _invalid_key()
-        if rt.status != "active":
+        rt = _require_active(await self.runtime(ident.tenant_id))
+        if ident.kind == "widget" and rt.widget.require_session:
             raise ApiError(
                 403,
-                f"tenant is {rt.status}",
+                "this tenant's widget needs an end-user session token, not the bare widget key",
                 type_="permission_error",
-                code=f"tenant_{rt.status}",
+                code="session_required",
             )
         return Principal(ident, rt)
+
+    async def _session_principal(self, request: web.Request, token: str) -> Principal:
+        """A widget session token (gateway/widget/tokens.py): MAC under the tenant's secret,
+        expiry, then the origin it was issued for; the tenant must be active."""
+        try:
+            tenant_id = tokens.peek_tenant(token)
+            rt = await self.runtime(tenant_id)
+            if rt is not None and rt.widget.session_secret is None:
+                self.invalidate(tenant_id)  # the secret may have been created a moment ago
+                rt = await self.runtime(tenant_id)
+            secret = rt.widget.session_secret if rt is not None else None
+            claims = tokens.verify(token, secret, time.time())
+        except tokens.SessionTokenError as exc:
+            # Readable by the calling page (the body names no secret), so the widget can renew.
+            _cors_for_error(request)
+            code = "session_expired" if exc.expired else "invalid_session_token"
+            raise ApiError(401, str(exc), type_="authentication_error", code=code) from None
+        if request.headers.get("Origin") != claims.origin:
+            _cors_for_error(request)
+            raise _origin_not_allowed("this session token is not valid from this origin")
+        request[CORS_ORIGIN] = claims.origin
+        rt = _require_active(rt)
+        ident = KeyIdentity(claims.tenant_id, claims.key_id, "widget", (claims.origin,))
+        return Principal(ident, rt, end_user_id=claims.end_user_id)

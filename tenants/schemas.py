@@ -14,6 +14,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -95,15 +96,47 @@ class PromptSet(_In):
 
 class KeyCreate(_In):
     kind: Literal["server", "widget"]
-    allowed_origins: list[str] = Field(default_factory=list, max_length=50)
+    allowed_origins: list[str] = Field(default_factory=list, max_length=50, validate_default=True)
     limits: KeyLimitsIn | None = None
 
     @field_validator("allowed_origins")
     @classmethod
-    def _origins(cls, value: list[str]) -> list[str]:
+    def _origins(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        # A widget key without an origin could never be used: refused at creation.
+        if info.data.get("kind") == "widget" and not value:
+            raise ValueError("a widget key needs at least one origin like https://example.com")
         for origin in value:
             if not _ORIGIN_RE.match(origin):
                 raise ValueError(f"{origin!r} is not an origin like https://example.com")
+        return value
+
+
+_ACCENT_RE = re.compile(r"^#[0-9a-fA-F]{3}([0-9a-fA-F]{3})?$")
+
+
+class VisitorLimitsIn(_In):
+    """Limits per end user of widget traffic (null: the gateway default)."""
+
+    rpm: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
+    tpm: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
+    max_concurrency: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
+
+
+class WidgetSettingsIn(_In):
+    """PUT /tenants/{id}/widget: replaces every field (omitted: null / false)."""
+
+    title: str | None = Field(default=None, min_length=1, max_length=200)
+    greeting: str | None = Field(default=None, min_length=1, max_length=2000)
+    accent: str | None = None
+    require_session: bool = False
+    allow_client_system: bool = False
+    visitor_limits: VisitorLimitsIn | None = None
+
+    @field_validator("accent")
+    @classmethod
+    def _accent(cls, value: str | None) -> str | None:
+        if value is not None and not _ACCENT_RE.match(value):
+            raise ValueError("must be a hex colour like #0b5fff or #06f")
         return value
 
 
@@ -157,6 +190,24 @@ class KeyCreated(_Out):
     allowed_origins: list[str]
     limits: KeyLimitsOut
     key: str  # the only time the key is ever returned
+
+
+class VisitorLimitsOut(_Out):
+    rpm: int | None
+    tpm: int | None
+    max_concurrency: int | None
+
+
+class WidgetSettingsOut(_Out):
+    """A tenant's widget settings; the session secret only as whether one exists."""
+
+    title: str | None
+    greeting: str | None
+    accent: str | None
+    require_session: bool
+    allow_client_system: bool
+    visitor_limits: VisitorLimitsOut
+    session_secret_set: bool
 
 
 class TenantOut(_Out):

@@ -55,14 +55,18 @@ def to_template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]
     return [{"role": "system" if m.is_system else m.role, "content": m.text} for m in messages]
 
 
-def check_client_system(messages: Sequence[ChatMessage], allow_client_system: bool) -> None:
+def check_client_system(
+    messages: Sequence[ChatMessage], allow_client_system: bool, *, widget: bool = False
+) -> None:
+    """``widget``: browser traffic, which needs the tenant's widget opt-in as well."""
     if allow_client_system:
         return
+    source = "from the widget" if widget else "from clients"
     for i, m in enumerate(messages):
         if m.is_system:
             raise ApiError(
                 400,
-                "this tenant does not accept system messages from clients",
+                f"this tenant does not accept system or developer messages {source}",
                 param=f"messages[{i}].role",
                 code="system_message_not_allowed",
             )

@@ -1,0 +1,126 @@
+"""Public widget routes: the script, the config a widget key reads, end-user sessions.
+
+GET  /widget/v1/kvgate-chat.js     the widget (ETag, 304, long cache, CORS *)
+GET  /widget/v1/config?key=K       title, greeting, accent, require_session (never secrets)
+POST /v1/widget/sessions           server key; {end_user_id, origin, ttl_s} -> session token
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gateway.context import STATE
+from gateway.errors import ApiError
+from gateway.widget import tokens
+from gateway.widget.body import read_json
+from tenants.schemas import parse
+from tenants.widget import WidgetStore
+
+SCRIPT_PATH = Path(__file__).parent / "static" / "kvgate-chat.js"
+SCRIPT_CACHE = "public, max-age=86400, stale-while-revalidate=604800"
+_ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
+
+
+@dataclass(frozen=True)
+class Asset:
+    body: bytes
+    etag: str
+    content_type: str
+
+    @classmethod
+    def load(cls, path: Path, content_type: str) -> Asset:
+        body = path.read_bytes()
+        return cls(body, f'"{hashlib.sha256(body).hexdigest()[:32]}"', content_type)
+
+    async def serve(self, request: web.Request) -> web.Response:
+        headers = {"ETag": self.etag, "Cache-Control": SCRIPT_CACHE}
+        wanted = request.headers.get("If-None-Match", "")
+        if self.etag in (tag.strip() for tag in wanted.split(",")) or wanted.strip() == "*":
+            return web.Response(status=304, headers=headers)
+        return web.Response(body=self.body, headers={**headers, "Content-Type": self.content_type})
+
+
+def _forbidden(message: str, code: str) -> ApiError:
+    return ApiError(403, message, type_="permission_error", code=code)
+
+
+async def widget_config(request: web.Request) -> web.Response:
+    """What a widget key's page shows. Refuses (readably: CORS *) keys that are not widget keys
+    and pages whose origin the key does not allow, so the widget can say why it cannot chat."""
+    state = request.app[STATE]
+    key = request.query.get("key", "")
+    ident = await state.keys.identity(key) if key else None
+    if ident is None:
+        raise ApiError(
+            401, "invalid widget key", type_="authentication_error", code="invalid_api_key"
+        )
+    if ident.kind != "widget":
+        raise _forbidden("only widget keys belong in a web page", "not_a_widget_key")
+    origin = request.headers.get("Origin")
+    if origin is not None and origin not in ident.allowed_origins:
+        raise _forbidden(f"this widget key is not allowed from {origin}", "origin_not_allowed")
+    rt = await state.keys.runtime(ident.tenant_id)
+    if rt is None or rt.status != "active":
+        raise _forbidden("this chat is not available", "tenant_unavailable")
+    out = await WidgetStore(state.store).get(ident.tenant_id)
+    body = {
+        "title": out.title,
+        "greeting": out.greeting,
+        "accent": out.accent,
+        "require_session": out.require_session,
+        "model": state.model_name,
+    }
+    return web.json_response(body, headers={"Cache-Control": "no-cache"})
+
+
+class SessionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    end_user_id: str = Field(min_length=1, max_length=200)
+    origin: str
+    ttl_s: int = Field(default=900, ge=1, le=tokens.MAX_TTL_S)
+
+    @field_validator("origin")
+    @classmethod
+    def _origin(cls, value: str) -> str:
+        if not _ORIGIN_RE.match(value):
+            raise ValueError("must be an origin like https://example.com")
+        return value
+
+    @field_validator("end_user_id")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        if not value.isprintable():
+            raise ValueError("must be printable text")
+        return value
+
+
+async def create_session(request: web.Request) -> web.Response:
+    """A session token for one end user on one origin, signed with the tenant's secret
+    (created on first use). Only server keys may ask: this call belongs on the tenant's backend."""
+    state = request.app[STATE]
+    principal = await state.keys.authenticate(request)
+    if principal.is_widget:
+        raise _forbidden("session tokens are issued to server keys only", "server_key_required")
+    data = parse(SessionIn, await read_json(request))
+    tenant_id = principal.runtime.tenant_id
+    secret = await WidgetStore(state.store).session_secret(tenant_id, actor="gateway")
+    expires_at = int(time.time()) + data.ttl_s
+    claims = tokens.SessionClaims(
+        tenant_id, principal.identity.key_id, data.origin, data.end_user_id, expires_at
+    )
+    body = {
+        "token": tokens.sign(claims, secret),
+        "expires_at": expires_at,
+        "expires_in": data.ttl_s,
+        "origin": data.origin,
+        "end_user_id": data.end_user_id,
+    }
+    return web.json_response(body, status=201, headers={"Cache-Control": "no-store"})

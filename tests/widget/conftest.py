@@ -1,0 +1,7 @@
+from __future__ import annotations
+
+from tests.gateway.conftest import (  # noqa: F401  (shared fixtures)
+    demo_model_dir,
+    gateway_database,
+    template_database,
+)

@@ -1,0 +1,65 @@
+"""Helpers of the widget tests: tenants with widget keys, sessions, raw HTTP against a gateway."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from multidict import CIMultiDict
+
+from tests.gateway.harness import LiveGateway, TenantHandle
+
+PROMPT = (
+    "You are the helpful assistant of a small shop. Answer questions about orders, shipping, "
+    "returns and opening hours politely and briefly."
+)
+
+
+@dataclass(frozen=True)
+class WidgetTenant:
+    id: str
+    server_key: str
+    widget_key: str
+
+
+async def widget_tenant(
+    gw: LiveGateway, prefix: str, origins: list[str], **tenant: Any
+) -> WidgetTenant:
+    t: TenantHandle = await gw.create_tenant(prefix, system_prompt=PROMPT, **tenant)
+    body = {"kind": "widget", "allowed_origins": origins}
+    key = await gw.admin("POST", f"/tenants/{t.id}/keys", body)
+    return WidgetTenant(t.id, t.key, key["key"])
+
+
+async def request(
+    gw: LiveGateway, method: str, path: str, *, json: Any = None, **headers: str
+) -> tuple[int, CIMultiDict[str], Any]:
+    """(status, headers, JSON body or text) of one request to the gateway."""
+    async with gw.http.request(method, gw.base_url + path, json=json, headers=headers) as resp:
+        if resp.content_type == "application/json":
+            body: Any = await resp.json()
+        else:
+            body = await resp.text()
+        return resp.status, CIMultiDict(resp.headers), body
+
+
+def chat_body(gw: LiveGateway, *messages: tuple[str, str], **extra: Any) -> dict[str, Any]:
+    return {
+        "model": gw.state.model_name,
+        "messages": [{"role": r, "content": c} for r, c in messages],
+        "max_tokens": 2,
+        **extra,
+    }
+
+
+async def new_session(
+    gw: LiveGateway, server_key: str, origin: str, user: str = "user-1", ttl_s: int = 600
+) -> tuple[int, Any]:
+    status, _, body = await request(
+        gw,
+        "POST",
+        "/v1/widget/sessions",
+        json={"end_user_id": user, "origin": origin, "ttl_s": ttl_s},
+        Authorization=f"Bearer {server_key}",
+    )
+    return status, body
