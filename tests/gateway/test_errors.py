@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import openai
 import pytest
 import pytest_asyncio
+import structlog
 
 from gateway.context import SETTINGS
 from tests.gateway.harness import (
@@ -211,3 +213,54 @@ async def test_oversized_body_is_413(gw: LiveGateway, tenant: TenantHandle) -> N
     body = ok_body(gw, messages=[{"role": "user", "content": "x" * (limit + 1)}])
     status, data = await post(gw, tenant.key, body)
     assert_error(status, data, 413)
+
+
+async def post_raw(
+    gw: LiveGateway, key: str | None, body: Any, **headers: str
+) -> tuple[int, str, Any]:
+    """(status, x-request-id, JSON) of a chat request; ``body`` bytes are sent as they are."""
+    hdrs = {k.replace("_", "-"): v for k, v in headers.items()}
+    if key is not None:
+        hdrs["Authorization"] = f"Bearer {key}"
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    hdrs.setdefault("Content-Type", "application/json")
+    url = f"{gw.base_url}/v1/chat/completions"
+    async with gw.http.post(url, data=data, headers=hdrs) as resp:
+        return resp.status, resp.headers.get("x-request-id", ""), await resp.json()
+
+
+async def test_each_refusal_is_one_log_line_with_the_answers_request_id(
+    gw: LiveGateway, tenant: TenantHandle
+) -> None:
+    """401, 403, 400, 404, 413, 415, 429: one ``request_refused`` line each (reason, status,
+    request id of x-request-id, route template, tenant once known), never the key or text."""
+    suspended = await gw.create_tenant("refsusp")
+    await gw.admin("PATCH", f"/tenants/{suspended.id}", {"status": "suspended"})
+    limited = await gw.create_tenant("refrl", limits={"rpm": 1})
+    assert (await post_raw(gw, limited.key, ok_body(gw)))[0] == 200
+    big = b"x" * (gw.app[SETTINGS].server.max_body_bytes + 1)
+    secret_text = "PROMPT-TEXT-7731"
+    bad = {"model": gw.state.model_name, "messages": [{"role": "user", "content": 5}]}
+    cases = [
+        (401, "invalid_api_key", None, ("kvg_000000000000_" + "A" * 43, ok_body(gw), {})),
+        (403, "tenant_suspended", None, (suspended.key, ok_body(gw), {})),  # refused in auth
+        (400, None, tenant.id, (tenant.key, {**bad, "user": secret_text}, {})),
+        (404, "model_not_found", tenant.id, (tenant.key, ok_body(gw, model=secret_text), {})),
+        (413, "request_too_large", tenant.id, (tenant.key, big, {})),
+        (415, "unsupported_content_encoding", None, (tenant.key, b"{}", {"Content_Encoding": "x"})),
+        (429, "rate_limit_exceeded", limited.id, (limited.key, ok_body(gw), {})),
+    ]
+    with structlog.testing.capture_logs() as events:
+        answers = [await post_raw(gw, key, body, **hdrs) for *_, (key, body, hdrs) in cases]
+    refused = {e["request_id"]: e for e in events if e["event"] == "request_refused"}
+    assert len(refused) == sum(e["event"] == "request_refused" for e in events) == len(cases)
+    for (status, code, tenant_id, _), (got, rid, data) in zip(cases, answers, strict=True):
+        assert got == status, data
+        line = refused[rid]
+        assert line["status"] == status and line["route"] == "POST /v1/chat/completions"
+        assert line["reason"] == (code or data["error"]["type"]), line
+        assert line.get("tenant") == tenant_id, line
+    logged = repr(events)
+    for secret in (tenant.key, suspended.key, limited.key, secret_text):
+        assert secret not in logged
+    assert secret_text not in json.dumps([data for *_, data in answers])
