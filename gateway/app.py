@@ -35,6 +35,7 @@ from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState, Telemetry
 from gateway.dbready import database_readiness
 from gateway.errors import error_middleware, register_error
 from gateway.http import content_encoding_middleware
+from gateway.openapi import openapi_handler
 from gateway.pins import PinManager
 from gateway.ratelimit import FailoverLimiter, Limiter, MemoryLimiter, RedisLimiter, make_client
 from gateway.ratelimit.types import LimiterUnavailable
@@ -127,6 +128,7 @@ def create_app(
     add_preflight(app, "/v1/chat/completions", "/v1/models")
     register_widget(app, settings)
     app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/openapi.json", openapi_handler(model_name))
     app.router.add_get("/readyz", _readyz)
     return app
 
@@ -221,10 +223,14 @@ async def _readyz(request: web.Request) -> web.Response:
     checks: dict[str, bool] = {"accepting": not state.draining}  # false once shutdown began
     database = await database_readiness(state.store, state.keys)  # within about 1 s
     checks["database"] = database.passing  # passes while degraded (last-known-good)
+    redis = "none"  # no Redis configured: the in-process limiter
     if isinstance(state.limiter, FailoverLimiter):
-        checks["redis"] = await state.limiter.ping()
+        up = await state.limiter.ping()
+        # Fail open: the in-process limiter serves while Redis is away (degraded, still ready).
+        redis = "up" if up else "degraded" if state.limiter.fail_open else "down"
+        checks["redis"] = redis != "down"
     checks["engine"] = bool(state.engine.is_running)
     checks["pins"] = state.pins.ready.is_set()
     ok = all(checks.values())
-    body = {"ready": ok, "checks": checks, "database": database.report()}
+    body = {"ready": ok, "checks": checks, "database": database.report(), "redis": redis}
     return web.json_response(body, status=200 if ok else 503)

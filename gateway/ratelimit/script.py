@@ -22,7 +22,8 @@ GCRA_LUA = r"""
 -- max(TAT, now) + c*T - now <= PERIOD. A TAT is stored with the limit it was computed for
 -- ("tat limit"); read under another limit, the debt (TAT - now) is rescaled so that the same
 -- number of requests / tokens stays used: raising a limit frees room at once.
--- A hint (ms of debt a replica saw while Redis was away) seeds a TAT that Redis lost.
+-- A hint (ms of debt a replica saw while Redis was away) seeds a TAT that Redis lost; the
+-- seeded TAT is stored even when the request is rejected, so every replica sees it.
 --
 -- Every scope records every admitted lease (its ZSET), so release knows, per scope, whether
 -- there is a reservation to reconcile: releasing twice, or a lease never admitted, takes
@@ -54,10 +55,15 @@ if mode == 'renew' then
   return 1
 end
 
+local seeded = {}  -- key -> true when its TAT came from a hint
+
 local function load_tat(key, limit, hint)
   local v = redis.call('GET', key)
   if not v then
-    if hint > 0 then return now + hint end
+    if hint > 0 then
+      seeded[key] = true
+      return now + hint
+    end
     return now
   end
   local tat, old = string.match(v, '^(%S+) (%S+)$')
@@ -159,6 +165,8 @@ for i = 0, n - 1 do
     redis.call('PEXPIRE', KEYS[k + 2], math.ceil(ttl) + 1000)
   else
     rpm_new[i], tpm_new[i] = rpm_tat[i], tpm_tat[i]
+    if seeded[KEYS[k]] then store_tat(KEYS[k], rpm_tat[i], rpm) end
+    if seeded[KEYS[k + 1]] then store_tat(KEYS[k + 1], tpm_tat[i], tpm) end
   end
   out[#out + 1] = string.format('%d %d %d %d', remaining(rpm, rpm_new[i]),
     math.ceil(rpm_new[i] - now), remaining(tpm, tpm_new[i]), math.ceil(tpm_new[i] - now))
