@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from tenants.db import is_unavailable, unavailable
 from tenants.errors import TenantStoreError
-from tenants.events import TenantChanged
+from tenants.events import ChangeKind, TenantChanged
 from tenants.models import Tenant, utcnow
 from tenants.schemas import VisitorLimitsOut, WidgetSettingsIn, WidgetSettingsOut
 from tenants.service import lock_tenant, write_audit
@@ -143,9 +143,8 @@ class WidgetStore:
             async with self._store.sessions() as session, session.begin():
                 return await fn(session)
 
-    async def _changed(self, tenant_id: str) -> None:
-        # "limits": key caches drop the tenant's runtime view; pins are not affected.
-        await self._store.bus.publish(TenantChanged(tenant_id, "limits", None))
+    async def _changed(self, tenant_id: str, kind: ChangeKind) -> None:
+        await self._store.bus.publish(TenantChanged(tenant_id, kind, None))
 
     async def get(self, tenant_id: str) -> WidgetSettingsOut:
         with _outages_unavailable():
@@ -154,12 +153,14 @@ class WidgetStore:
 
     async def set(self, tenant_id: str, data: WidgetSettingsIn, *, actor: str) -> WidgetSettingsOut:
         out = await self._write(lambda s: set_widget(s, tenant_id, data, actor=actor))
-        await self._changed(tenant_id)
+        # "updated": it may refuse traffic (require_session), so no replica may keep serving
+        # the old settings from a stale cache.
+        await self._changed(tenant_id, "updated")
         return out
 
     async def rotate_secret(self, tenant_id: str, *, actor: str) -> WidgetSettingsOut:
         out = await self._write(lambda s: rotate_session_secret(s, tenant_id, actor=actor))
-        await self._changed(tenant_id)
+        await self._changed(tenant_id, "updated")  # a revocation: never served stale
         return out
 
     async def session_secret(self, tenant_id: str, *, actor: str) -> str:
@@ -168,5 +169,5 @@ class WidgetStore:
             lambda s: ensure_session_secret(s, tenant_id, actor=actor)
         )
         if created:
-            await self._changed(tenant_id)
+            await self._changed(tenant_id, "limits")  # refuses nothing: an expiry is enough
         return secret
