@@ -31,6 +31,8 @@ from gateway.ratelimit.types import (
 
 ScopeKey = tuple[str, str, str]  # tenant, scope kind, scope id
 HOLD_WEIGHT = 0.2  # weight of the newest hold time in the running mean
+HOLD_KEEP_MS = 600_000.0  # a scope's mean hold time is forgotten after 10 min without leases
+SWEEP_EVERY = 1024  # admissions between sweeps of state that ran out (visitors come and go)
 Charge = tuple[float, float, float, float]  # new RPM TAT, new TPM TAT, current RPM, current TPM
 
 
@@ -51,7 +53,8 @@ class MemoryLimiter:
         # (scope, "rpm"|"tpm") -> (TAT ms, the limit it was computed for)
         self._tat: dict[tuple[ScopeKey, str], tuple[float, int]] = {}
         self._leases: dict[ScopeKey, dict[str, float]] = {}  # scope -> lease id -> expiry ms
-        self._hold: dict[ScopeKey, float] = {}  # scope -> mean lease hold time ms
+        self._hold: dict[ScopeKey, tuple[float, float]] = {}  # scope -> (mean hold ms, when)
+        self._until_sweep = SWEEP_EVERY
         self.book = LeaseBook(clock=lambda: self._clock() / 1000.0)
         self._renewer = Renewer(self.book, self.renew, lease_ttl_s / 3)
 
@@ -85,6 +88,9 @@ class MemoryLimiter:
     async def acquire(self, lease: Lease, share: float = 1.0) -> Decision:
         self._renewer.ensure_running()
         now = self._clock()
+        self._until_sweep -= 1
+        if self._until_sweep <= 0:
+            self.sweep(now)
         keys = [scope_key(lease.tenant, s) for s in lease.scopes]
         tokens = lease.reserved_tokens
         charges = [
@@ -128,9 +134,11 @@ class MemoryLimiter:
                 continue
             for lease_id in [k for k, exp in leases.items() if exp <= now]:
                 del leases[lease_id]
-            if len(leases) >= conc:
+            if not leases:
+                del self._leases[key]
+            elif len(leases) >= conc:
                 retry = min(leases.values()) - now
-                return REASON_CONCURRENCY, i, min(retry, self._hold.get(key, retry))
+                return REASON_CONCURRENCY, i, min(retry, self._hold.get(key, (retry, 0))[0])
         return None, None, 0.0
 
     # -- leases -------------------------------------------------------------------------------
@@ -148,8 +156,8 @@ class MemoryLimiter:
             if not leases:
                 self._leases.pop(key, None)
             if scope.limits.max_concurrency and held_ms > 0:
-                mean = self._hold.get(key, held_ms)
-                self._hold[key] = (1 - HOLD_WEIGHT) * mean + HOLD_WEIGHT * held_ms
+                mean = self._hold.get(key, (held_ms, now))[0]
+                self._hold[key] = ((1 - HOLD_WEIGHT) * mean + HOLD_WEIGHT * held_ms, now)
             self._reconcile((key, "tpm"), (used_tokens - lease.reserved_tokens) * weight, now)
 
     def _reconcile(self, key: tuple[ScopeKey, str], delta_tokens: float, now: float) -> None:
@@ -157,6 +165,23 @@ class MemoryLimiter:
         if hit is not None and hit[0] > now:
             tat, limit = hit
             self._store(key, max(tat + delta_tokens * PERIOD_MS / limit, now), limit, now)
+
+    def sweep(self, now: float) -> None:
+        """Forget what ran out: debts repaid, leases expired, old hold times (O(state))."""
+        self._until_sweep = SWEEP_EVERY
+        for key in [k for k, (tat, _) in self._tat.items() if tat <= now]:
+            del self._tat[key]
+        for key in [k for k, (_, when) in self._hold.items() if now - when > HOLD_KEEP_MS]:
+            del self._hold[key]
+        for key, leases in list(self._leases.items()):
+            for lease_id in [k for k, exp in leases.items() if exp <= now]:
+                del leases[lease_id]
+            if not leases:
+                del self._leases[key]
+
+    def state_size(self) -> int:
+        """Entries kept (debts, hold times, lease tables): bounded by recent traffic."""
+        return len(self._tat) + len(self._hold) + len(self._leases)
 
     def adopt(self, lease: Lease) -> None:
         """Count a lease the shared limiter admitted until it is released here too."""

@@ -204,3 +204,23 @@ async def test_concurrent_acquires_on_redis_are_exact(
 )
 def test_format_duration(ms: float, text: str) -> None:
     assert format_duration(ms) == text
+
+
+async def test_state_of_visitors_that_left_is_forgotten() -> None:
+    now = [0.0]
+    lim = MemoryLimiter(lease_ttl_s=1.0, clock=lambda: now[0])
+    tenant = Scope("tenant", "t", Limits())
+    for i in range(50):
+        visitor = Scope("visitor", f"v{i}", Limits(rpm=20, tpm=1000, max_concurrency=2))
+        decision = await lim.acquire(Lease.new("t", (tenant, visitor), 10))
+        now[0] += 1.0
+        await lim.release(decision.lease, 5)
+        if i % 10 == 0:  # one in ten never released (its holder crashed)
+            await lim.acquire(Lease.new("t", (tenant, visitor), 10))
+    lim.check_integrity()
+    assert lim.state_size() > 100
+    now[0] += 700_000.0  # debts repaid, leases expired, hold times old
+    lim.sweep(now[0])
+    lim.check_integrity()
+    assert lim.state_size() == 0
+    await lim.close()
