@@ -116,8 +116,10 @@ CORS = {
 }
 
 
-def scripted_backend(chunks: Sequence[str]) -> web.Application:
-    """The gateway's widget routes with a fixed streamed answer (``chunks``, one event each)."""
+def scripted_backend(chunks: Sequence[str], *, fail_first: int = 0) -> web.Application:
+    """The gateway's widget routes with a fixed streamed answer (``chunks``, one event each);
+    the first ``fail_first`` chat requests get a 500 (an OpenAI-shaped error) instead."""
+    failures = [fail_first]
 
     async def script(request: web.Request) -> web.Response:
         return web.Response(
@@ -132,6 +134,10 @@ def scripted_backend(chunks: Sequence[str]) -> web.Application:
         return web.Response(status=204, headers=CORS)
 
     async def chat(request: web.Request) -> web.StreamResponse:
+        if failures[0] > 0:
+            failures[0] -= 1
+            error = {"message": "internal server error", "type": "internal_error"}
+            return web.json_response({"error": error}, status=500, headers=CORS)
         resp = web.StreamResponse(headers={**CORS, "Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for text in chunks:

@@ -231,6 +231,20 @@ async def test_model_output_is_rendered_as_text_only(env: Env, page: Page) -> No
     assert links == [["https://example.com/a?b=1", "noopener noreferrer"]]
 
 
+async def test_server_error_offers_retry(env: Env, page: Page) -> None:
+    async with serve_on_loopback(scripted_backend(["all ", "good"], fail_first=1)) as (host, port):
+        src = f"http://{host}:{port}/widget/v1/kvgate-chat.js"
+        await page.goto(env.site.url("kvg_scripted", src=src, open="true"))
+        await wait_state(page, "ready")
+        await send(page, "hello")
+        await wait_state(page, "error")
+        assert "not answered" in await status_text(page)
+        await page.get_by_role("button", name="Retry").click()
+        await wait_state(page, "ready")
+    assert await messages(page) == [("user", "hello"), ("assistant", "all good")]
+    assert await status_text(page) == ""
+
+
 async def test_keyboard_only_reload_and_new_conversation(env: Env, page: Page) -> None:
     t = await widget_tenant(env.gw, "kbd", [env.site.origin])
     await page.goto(env.site.url(t.widget_key))
