@@ -122,6 +122,8 @@ def refuse(request: web.BaseRequest, err: ApiError) -> web.Response:
     log_refusal(rid, err.status, err.code or err.type, route_of(request), request.get(TENANT))
     resp = error_response(err)
     resp.headers["x-request-id"] = rid
+    if request.content.exception() is not None:
+        resp.force_close()  # the body failed: the connection cannot carry another request
     return resp
 
 

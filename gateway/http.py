@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -118,7 +119,6 @@ class GatewayProtocol(RequestHandler):
         self._gw_between = True  # the next byte starts a request's headers
         self._gw_seen = False  # a byte of the pending request arrived
         self._gw_in_handler = False
-        self._gw_body_late = False
 
     # -- connection events --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -157,8 +157,10 @@ class GatewayProtocol(RequestHandler):
             return await super().finish_response(request, resp, start_time)
         finally:
             self._gw_in_handler = False
-            if self._gw_body_late:
-                self.force_close()  # the 408 is written; the rest of the body is not awaited
+            if request.content.exception() is not None:
+                # The body failed (late, undecodable, cut short): the answer is written; the
+                # rest of the body cannot be drained, so the connection ends here.
+                self.force_close()
 
     # -- deadlines ------------------------------------------------------------------------------
     def _arm_header_timer(self) -> None:
@@ -184,7 +186,6 @@ class GatewayProtocol(RequestHandler):
 
     def _body_late(self, payload: StreamReader) -> None:
         self._gw_body_timer = None
-        self._gw_body_late = True
         payload.set_exception(body_timeout_error())  # a read in the handler answers 408
         if not self._gw_in_handler:
             self.force_close()  # answered already: only unread body bytes were left
@@ -327,19 +328,26 @@ def run_app(
 ) -> None:
     """``web.run_app`` on a :class:`GatewayRunner`: serve until SIGINT / SIGTERM, then clean up
     (``runner_kwargs``: shutdown_timeout, handler_cancellation, access_log, ...). Exceptions
-    from the app's start-up propagate, as from ``web.run_app``."""
-    runner = make_runner(
-        app, header_timeout_s, body_timeout_s, handle_signals=True, **runner_kwargs
-    )
+    from the app's start-up propagate, as from ``web.run_app``.
+
+    A signal only ends the wait: the clean-up (the drain of gateway/drain.py, where streams
+    finish or end with an error event) runs while the handlers still run. A ``GracefulExit``
+    raised by the signal would leave ``asyncio.run`` through its cancellation of every task,
+    cutting all handlers at once before the clean-up starts."""
+    runner = make_runner(app, header_timeout_s, body_timeout_s, **runner_kwargs)
 
     async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()
             print(f"listening on http://{host}:{port}")
-            await asyncio.Future()  # until a signal raises GracefulExit
+            await stop.wait()
         finally:
             await runner.cleanup()
 
-    with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve())

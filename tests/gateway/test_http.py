@@ -151,8 +151,10 @@ def deflate(data: bytes) -> bytes:
 async def test_undecodable_bodies_are_openai_4xx(
     port: int, path: str, method: str, encoding: str, body: bytes, status: int, code: str | None
 ) -> None:
-    reply = await exchange(port, post(body, path, method, Content_Encoding=encoding))
+    with structlog.testing.capture_logs() as events:
+        reply = await exchange(port, post(body, path, method, Content_Encoding=encoding))
     reply.assert_openai_error(status, code)
+    assert [e["event"] for e in events] == ["request_refused"], events
 
 
 @pytest.mark.parametrize(

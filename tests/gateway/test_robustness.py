@@ -2,14 +2,22 @@
 
 Arbitrary JSON values, wrong types in every field, junk nesting, huge numbers, NUL bytes and lone
 surrogates, non-UTF-8 bytes and wrong content types are posted to the chat endpoint (valid tenant
-key) and to every admin mutation route; arbitrary path and query values go to every admin route.
-Every answer is below 500 and every error body is OpenAI-shaped. Examples are bounded and
-derandomized so the run is fast and reproducible.
+key) and to every admin mutation route; arbitrary path and query values go to every admin route;
+bodies in every Content-Encoding (right, wrong, unsupported, unknown) and header lines with control
+bytes around the key go to both. Every answer is below 500 and every error body is OpenAI-shaped;
+no answer and no log line quotes a key. The gateway is served as ``kvgate serve`` serves it, on
+the HTTP layer of gateway/http.py. Examples are bounded and derandomized so the run is fast and
+reproducible.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gzip
 import json
+import logging
+import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,15 +25,24 @@ from urllib.parse import quote
 
 import pytest
 import pytest_asyncio
+import structlog
+from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from yarl import URL
 
+from gateway.app import create_app
+from gateway.context import STATE
+from gateway.http import make_runner
 from tests.gateway.harness import (
     ADMIN_TOKEN,
     LiveGateway,
     TenantHandle,
-    gateway_on_fresh_database,
+    create_database,
+    drop_database,
+    make_settings,
+    pg_url,
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -181,13 +198,40 @@ def raw_bodies(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[tuple[bytes, 
 
 
 # -- the live server ----------------------------------------------------------------------------
+@contextlib.asynccontextmanager
+async def served(settings: Any, model_dir: Path) -> AsyncIterator[LiveGateway]:
+    """The gateway on loopback, on the runner ``kvgate serve`` uses (gateway/http.py)."""
+    app = create_app(settings, model_dir=str(model_dir))
+    server = settings.server
+    runner = make_runner(
+        app, server.header_timeout_s, server.body_timeout_s,
+        handler_cancellation=True, shutdown_timeout=2.0,
+    )  # fmt: skip
+    await runner.setup()
+    live = None
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        live = LiveGateway(app, runner, f"http://{host}:{port}", InMemorySpanExporter())
+        await app[STATE].pins.ready.wait()
+        yield live
+    finally:
+        if live is not None:
+            await live.close()
+        await runner.cleanup()
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def gw(
     template_database: str, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[LiveGateway]:
     var_dir = tmp_path_factory.mktemp("robust")
-    async with gateway_on_fresh_database(template_database, demo_model_dir, var_dir) as live:
-        yield live
+    name = await create_database(template_database)
+    try:
+        async with served(make_settings(pg_url(name), var_dir), demo_model_dir) as live:
+            yield live
+    finally:
+        await drop_database(name)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -318,3 +362,148 @@ async def test_admin_path_and_query_values_never_5xx(
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with gw.http.request(method, url, data=b'{"text": "x"}', headers=headers) as resp:
         check(resp.status, await resp.read(), path.encode())
+
+
+# -- encodings and header lines -----------------------------------------------------------------
+ENCODINGS = ["gzip", "deflate", "GZIP", "br", "zstd", "x-gzip", "compress", "identity",
+             "gzip, gzip", "gzip;q=1", " ", "\u00e9", "deflate\tgzip"]  # fmt: skip
+
+
+BOMB = gzip.compress(b"[" * 4_000_000)  # decompresses past the body limit
+
+
+def encoded_bodies(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[tuple[bytes, str]]:
+    """(body, Content-Encoding): a JSON body compressed rightly, wrongly or not at all."""
+    plain = st.one_of(valid.map(encode), st.binary(max_size=48))
+    packed = st.one_of(
+        plain,
+        plain.map(gzip.compress),
+        plain.map(zlib.compress),
+        plain.map(lambda b: gzip.compress(b)[: max(1, len(b) // 2)]),  # cut short
+        plain.map(lambda b: b"\x1f\x8b\x08" + b),  # a gzip header, then junk
+        st.just(BOMB),
+    )
+    return st.tuples(packed, st.sampled_from(ENCODINGS))
+
+
+async def send_encoded(
+    gw: LiveGateway, method: str, url: str, auth: str, body: bytes, encoding: str
+) -> tuple[int, bytes]:
+    headers = {
+        "Authorization": f"Bearer {auth}",
+        "Content-Type": "application/json",
+        "Content-Encoding": encoding,
+    }
+    async with gw.http.request(method, url, data=body, headers=headers) as resp:
+        payload = await resp.read()
+        if resp.status >= 400:
+            assert resp.headers.get("x-request-id"), resp.headers
+        return resp.status, payload
+
+
+@FUZZ
+@given(data=st.data())
+async def test_chat_bodies_in_any_encoding_never_5xx(
+    gw: LiveGateway, tenant: TenantHandle, data: st.DataObject
+) -> None:
+    body, encoding = data.draw(encoded_bodies(chat_body(gw.state.model_name)))
+    url = f"{gw.base_url}/v1/chat/completions"
+    status, payload = await send_encoded(gw, "POST", url, tenant.key, body, encoding)
+    check(status, payload, body)
+
+
+@FUZZ
+@given(route=st.sampled_from(list(ADMIN_ROUTES)), data=st.data())
+async def test_admin_bodies_in_any_encoding_never_5xx(
+    gw: LiveGateway, admin_tenant: TenantHandle, route: str, data: st.DataObject
+) -> None:
+    method, path, strategy = ADMIN_ROUTES[route]
+    body, encoding = data.draw(encoded_bodies(strategy))
+    url = f"{gw.base_url}/admin/v1{path.format(id=admin_tenant.id)}"
+    status, payload = await send_encoded(gw, method, url, ADMIN_TOKEN, body, encoding)
+    check(status, payload, body)
+    if route == "patch" and status == 200 and json.loads(payload)["status"] != "active":
+        await gw.admin("PATCH", f"/tenants/{admin_tenant.id}", {"status": "active"})
+
+
+async def test_encoded_bodies_are_decoded_or_refused_exactly(
+    gw: LiveGateway, tenant: TenantHandle
+) -> None:
+    body = encode(
+        {"model": gw.state.model_name, "messages": [{"role": "user", "content": "hi"}],
+         "max_tokens": 2}
+    )  # fmt: skip
+    url = f"{gw.base_url}/v1/chat/completions"
+    expected = [
+        (gzip.compress(body), "gzip", 200),
+        (zlib.compress(body), "deflate", 200),
+        (body, "identity", 200),
+        (body, "gzip", 400),
+        (body, "deflate", 400),
+        (body, "br", 415),
+        (body, "x-gzip", 415),
+    ]
+    for raw, encoding, status in expected:
+        got, payload = await send_encoded(gw, "POST", url, tenant.key, raw, encoding)
+        assert got == status, (encoding, payload[:200])
+        check(got, payload, raw)
+
+
+CONTROL = [bytes([c]) for c in (*range(0, 9), *range(10, 32), 127)] + [b"\r", b"\xff", b" \x01"]
+
+
+@FUZZ
+@given(
+    where=st.sampled_from(["after", "before", "name", "other"]),
+    junk=st.lists(st.sampled_from(CONTROL), min_size=1, max_size=3).map(b"".join),
+    route=st.sampled_from(["chat", "admin"]),
+)
+async def test_header_lines_with_control_bytes_never_5xx_nor_quoted(
+    gw: LiveGateway, tenant: TenantHandle, where: str, junk: bytes, route: str
+) -> None:
+    secret = (tenant.key if route == "chat" else ADMIN_TOKEN).encode()
+    line = {
+        "after": b"Authorization: Bearer " + secret + junk,
+        "before": b"Authorization: Bearer " + junk + secret,
+        "name": b"Authoriz" + junk + b"ation: Bearer " + secret,
+        "other": b"X-Forwarded-Key: " + secret + junk,
+    }[where]
+    path = b"/v1/chat/completions" if route == "chat" else b"/admin/v1/tenants"
+    body = b"{}"
+    raw = b"POST " + path + b" HTTP/1.1\r\nHost: t\r\nConnection: close\r\n" + line
+    raw += b"\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n" + body
+    host, port = URL(gw.base_url).host, URL(gw.base_url).port
+    with structlog.testing.capture_logs() as events, _stdlib_records() as records:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write(raw)
+            async with asyncio.timeout(10):
+                reply = await reader.read()
+        finally:
+            writer.close()
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    status = int(head.split()[1])
+    check(status, payload, raw)
+    assert secret not in reply, reply[:300]
+    logged = repr(events) + "".join(records)
+    assert secret.decode() not in logged
+
+
+@contextlib.contextmanager
+def _stdlib_records() -> Any:
+    """Every stdlib log record (formatted, with its exception), while the block runs."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(logging.Formatter().format(record) + repr(vars(record)))
+
+    handler, root = Keep(logging.DEBUG), logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        yield lines
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
