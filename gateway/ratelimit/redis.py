@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
 from gateway.ratelimit.calls import ScriptCalls
@@ -140,7 +141,10 @@ class RedisLimiter:
         await self.client.script_load(self._calls.script)
 
     async def ping(self) -> bool:
-        return bool(await self.client.ping())
+        try:
+            return bool(await self.client.ping())
+        except RedisConnectionError:  # a pooled connection from before a restart: once more
+            return bool(await self.client.ping())
 
     async def close(self) -> None:
         await self.renewer.close()
