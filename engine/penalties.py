@@ -1,9 +1,11 @@
 """Repetition, presence and frequency penalties over a batch of rows, as tensor ops.
 
-Only the logits of tokens a row has seen change, so the work is sparse: the host lists each
-penalized row's distinct tokens with their generated counts (numpy over the rows' token lists),
-sends them in one copy, and the device gathers those logits, penalizes them and writes them back
-into a copy of the batch's logits. Per entry (row-major over rows, then token id)::
+Only the logits of tokens a row has seen change, so the work is sparse. Per penalized request the
+host keeps a small record (``PenaltyCounts``): its distinct tokens, sorted, and how often each was
+generated, extended by the tokens appended since the previous step (usually one), so a step costs
+O(new tokens) per row, not O(history). Each step the records of the batch's rows go to the device
+in one copy and the device gathers those logits, penalizes them and writes them back into a copy
+of the batch's logits. Entries, row-major over rows then token id::
 
     rows[j], toks[j]   a token row rows[j] has seen (prompt or output with a repetition penalty,
                        output only without one)
@@ -16,7 +18,6 @@ Order: the CTRL / HF repetition penalty first (/r above 0, *r below), then OpenA
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -33,43 +34,103 @@ def needs_penalties(params: Sequence[SamplingParams]) -> bool:
     return any(any(_uses(p)) for p in params)
 
 
-def _row_entries(hist: Sequence[int], n_gen: int, freq: bool, rep: bool) -> tuple[Any, Any]:
-    """Distinct tokens of one row and how often each was generated."""
-    generated = np.asarray(hist[len(hist) - n_gen :] if n_gen else (), dtype=np.int64)
-    seen = np.unique(np.asarray(hist, dtype=np.int64)) if rep else np.unique(generated)
-    counts = np.zeros(len(seen), dtype=np.int64)
-    if freq and len(generated):
-        gen_tokens, gen_counts = np.unique(generated, return_counts=True)
-        counts[np.searchsorted(seen, gen_tokens)] = gen_counts
-    return seen, counts
+class _Row:
+    """Distinct tokens of one request (sorted) and their generated counts, up to ``length``."""
+
+    def __init__(self, history: Sequence[int], n_gen: int, freq: bool, rep: bool) -> None:
+        self.history = history  # the request's own token list (append-only)
+        self.gen_start = len(history) - n_gen  # first generated position (the prompt length)
+        self.freq, self.rep = freq, rep
+        self.length = len(history)
+        generated = np.asarray(history[self.gen_start :], dtype=np.int64)
+        self.seen = np.unique(np.asarray(history, dtype=np.int64)) if rep else np.unique(generated)
+        self.counts = np.zeros(len(self.seen), dtype=np.int64)
+        if freq and len(generated):
+            tokens, counts = np.unique(generated, return_counts=True)
+            self.counts[np.searchsorted(self.seen, tokens)] = counts
+
+    def follows(self, history: Sequence[int], n_gen: int, freq: bool, rep: bool) -> bool:
+        """Is ``history`` this record's list, grown only by appending?"""
+        return (
+            history is self.history
+            and len(history) >= self.length
+            and len(history) - n_gen == self.gen_start
+            and (freq, rep) == (self.freq, self.rep)
+        )
+
+    def extend(self) -> None:
+        """Count the tokens appended since the last call (all generated: past the prompt)."""
+        for tok in self.history[self.length :]:
+            pos = int(np.searchsorted(self.seen, tok))
+            if pos == len(self.seen) or self.seen[pos] != tok:
+                self.seen = np.insert(self.seen, pos, tok)
+                self.counts = np.insert(self.counts, pos, 0)
+            if self.freq:
+                self.counts[pos] += 1
+        self.length = len(self.history)
 
 
-def touched(
-    params: Sequence[SamplingParams],
-    histories: Sequence[Sequence[int]],
-    num_generated: Sequence[int],
-) -> np.ndarray:
-    """[3, K] int64: (row, token, generated count) of every token a penalty may change."""
-    parts: list[np.ndarray] = []
-    for i, (p, hist, n) in enumerate(zip(params, histories, num_generated, strict=True)):
-        freq, rep = _uses(p)
-        if not (freq or rep):
-            continue
-        seen, counts = _row_entries(hist, n, freq, rep)
-        parts.append(np.stack([np.full(len(seen), i, dtype=np.int64), seen, counts]))
-    if not parts:
-        return np.zeros((3, 0), dtype=np.int64)
-    return np.concatenate(parts, axis=1)
+class PenaltyCounts:
+    """Per-request penalty records, carried from step to step by the runner.
+
+    A record lives while its request is sampled: one absent from a step is dropped (and rebuilt
+    from its token list if it comes back); one whose token list changed identity (a new request
+    under a reused id) or shape is rebuilt.
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[str, _Row] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def entries(
+        self,
+        request_ids: Sequence[str],
+        params: Sequence[SamplingParams],
+        histories: Sequence[Sequence[int]],
+        num_generated: Sequence[int],
+    ) -> np.ndarray:
+        """[3, K] int64 (batch row, token, generated count) of every token a penalty may
+        change; rows without penalties have none."""
+        live: dict[str, _Row] = {}
+        rows: list[int] = []
+        records: list[_Row] = []
+        batch = zip(request_ids, params, histories, num_generated, strict=True)
+        for i, (rid, p, hist, n) in enumerate(batch):
+            freq, rep = _uses(p)
+            if not (freq or rep):
+                continue
+            row = self._rows.get(rid)
+            if row is not None and row.follows(hist, n, freq, rep):
+                row.extend()
+            else:
+                row = _Row(hist, n, freq, rep)
+            live[rid] = row
+            rows.append(i)
+            records.append(row)
+        self._rows = live
+        if not records:
+            return np.zeros((3, 0), dtype=np.int64)
+        sizes = [len(r.seen) for r in records]
+        out = np.empty((3, sum(sizes)), dtype=np.int64)
+        out[0] = np.repeat(np.asarray(rows, dtype=np.int64), sizes)
+        np.concatenate([r.seen for r in records], out=out[1])
+        np.concatenate([r.counts for r in records], out=out[2])
+        return out
+
+    def check_integrity(self) -> None:
+        """Every record equals one rebuilt from its token list."""
+        for rid, row in self._rows.items():
+            fresh = _Row(row.history[: row.length], row.length - row.gen_start, row.freq, row.rep)
+            assert np.array_equal(fresh.seen, row.seen), f"{rid}: seen tokens drifted"
+            assert np.array_equal(fresh.counts, row.counts), f"{rid}: counts drifted"
 
 
 def apply_penalties(
-    logits: torch.Tensor,
-    params: Sequence[SamplingParams],
-    histories: Sequence[Sequence[int]],
-    num_generated: Sequence[int],
+    logits: torch.Tensor, params: Sequence[SamplingParams], entries: np.ndarray
 ) -> torch.Tensor:
     """[N, V] float32 logits -> penalized copy (the input is left as it is)."""
-    entries = touched(params, histories, num_generated)
     if entries.shape[1] == 0:
         return logits
     dev = logits.device

@@ -19,7 +19,7 @@ from engine.model.kv_memory import allocate_kv_caches, block_bytes, kv_budget_by
 from engine.model.loader import load_model
 from engine.model.tokenizer import Tokenizer
 from engine.outputs import TokenLogprob
-from engine.sampling import sample
+from engine.sampling import Sampler
 
 
 def resolve_device(name: str) -> torch.device:
@@ -49,6 +49,7 @@ class ModelRunner:
         self.max_model_len = model_config.max_position_embeddings
         self.vocab_size = model_config.vocab_size
         self.eos_token_ids: tuple[int, ...] = tokenizer.eos_token_ids
+        self.sampler = Sampler()  # carries per-request penalty counts between steps
 
     @classmethod
     def from_pretrained(
@@ -89,11 +90,12 @@ class ModelRunner:
             return []
         inputs, logits = self.compute_logits(batch)
         seqs = [batch.seqs[i] for i in inputs.sampled_seqs]
-        result = sample(
+        result = self.sampler(
             logits,
             [s.sampling for s in seqs],
             [s.num_generated for s in seqs],
             [s.history for s in seqs],
+            [s.request_id for s in seqs],
         )
         out: list[int | TokenLogprob | None] = [None] * len(batch.seqs)
         logprobs = result.logprobs or [None] * len(seqs)

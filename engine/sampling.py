@@ -22,11 +22,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.outputs import TokenLogprob
 from engine.params import SamplingParams
-from engine.penalties import apply_penalties, needs_penalties
+from engine.penalties import PenaltyCounts, apply_penalties, needs_penalties
 
 _M32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one stays below 2**63 (no int64 overflow).
@@ -139,22 +140,65 @@ def _logit_bias(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tens
 
 
 def process(
-    logits: torch.Tensor,
-    params: Sequence[SamplingParams],
-    histories: Sequence[Sequence[int]],
-    num_generated: Sequence[int],
+    logits: torch.Tensor, params: Sequence[SamplingParams], penalty_entries: np.ndarray
 ) -> torch.Tensor:
-    """Raw [N, V] float32 logits -> penalized, biased logits (before temperature)."""
-    x = logits
-    if needs_penalties(params):
-        x = apply_penalties(x, params, histories, num_generated)
-    return _logit_bias(x, params)
+    """Raw [N, V] float32 logits -> penalized, biased logits (before temperature).
+    ``penalty_entries``: ``PenaltyCounts.entries`` of these rows."""
+    return _logit_bias(apply_penalties(logits, params, penalty_entries), params)
 
 
 # On the CPU rows are sampled this many logits at a time: [N, V] temporaries of a large batch
 # would each be a fresh mapping of tens of MB, and page faults would dominate. Every operation is
 # row-wise, so chunks give the same result; the GPU takes all rows at once.
 _CPU_CHUNK = 1 << 19
+_NO_ENTRIES = np.zeros((3, 0), dtype=np.int64)
+
+
+class Sampler:
+    """The runner's sampler; carries the penalty records of requests from step to step."""
+
+    def __init__(self) -> None:
+        self.penalties = PenaltyCounts()
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        num_generated: Sequence[int],
+        histories: Sequence[Sequence[int]] | None = None,
+        request_ids: Sequence[str] | None = None,
+    ) -> SamplerOutput:
+        """Row i of float32 logits [N, V] -> one token with params[i].
+
+        ``histories[i]``: the row's prompt + generated tokens, the request's own append-only
+        list (penalties only; its last ``num_generated[i]`` entries are the generated ones).
+        ``request_ids[i]`` names the request whose penalty record row i continues.
+        """
+        n, vocab = logits.shape
+        if n == 0:
+            return SamplerOutput([], None)
+        entries = _NO_ENTRIES
+        if needs_penalties(params):
+            assert histories is not None, "penalties need the rows' token lists"
+            ids = request_ids if request_ids is not None else [str(i) for i in range(n)]
+            entries = self.penalties.entries(ids, params, histories, num_generated)
+        wanted = [p.logprobs for p in params]
+        k = None if all(w is None for w in wanted) else max(w or 0 for w in wanted)
+        step = n if logits.device.type != "cpu" else max(1, _CPU_CHUNK // vocab)
+        packs = [
+            _sample_rows(
+                logits[r : r + step],
+                params[r : r + step],
+                num_generated[r : r + step],
+                _rows_of(entries, r, r + step),
+                k,
+            )
+            for r in range(0, n, step)
+        ]
+        rows = (packs[0] if len(packs) == 1 else torch.cat(packs)).tolist()  # the one host copy
+        if k is None:
+            return SamplerOutput(rows, None)
+        return _unpack(rows, wanted, k)
 
 
 def sample(
@@ -163,45 +207,31 @@ def sample(
     num_generated: Sequence[int],
     histories: Sequence[Sequence[int]] | None = None,
 ) -> SamplerOutput:
-    """Row i of float32 logits [N, V] -> one token with params[i].
+    """One step with no records carried over (penalties counted from the token lists)."""
+    return Sampler()(logits, params, num_generated, histories)
 
-    ``histories[i]``: the row's prompt + generated tokens (penalties only; its last
-    ``num_generated[i]`` entries are the generated ones).
-    """
-    n, vocab = logits.shape
-    if n == 0:
-        return SamplerOutput([], None)
-    hist = histories if histories is not None else [()] * n
-    wanted = [p.logprobs for p in params]
-    k = None if all(w is None for w in wanted) else max(w or 0 for w in wanted)
-    step = n if logits.device.type != "cpu" else max(1, _CPU_CHUNK // vocab)
-    packs = [
-        _sample_rows(
-            logits[r : r + step],
-            params[r : r + step],
-            num_generated[r : r + step],
-            hist[r : r + step],
-            k,
-        )
-        for r in range(0, n, step)
-    ]
-    rows = (packs[0] if len(packs) == 1 else torch.cat(packs)).tolist()  # the one host copy
-    if k is None:
-        return SamplerOutput(rows, None)
-    return _unpack(rows, wanted, k)
+
+def _rows_of(entries: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """The entries of batch rows [start, stop), renumbered from 0 (entries are row-major)."""
+    if entries.shape[1] == 0:
+        return entries
+    lo, hi = np.searchsorted(entries[0], [start, stop])
+    part = entries[:, lo:hi].copy()
+    part[0] -= start
+    return part
 
 
 def _sample_rows(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     num_generated: Sequence[int],
-    histories: Sequence[Sequence[int]],
+    penalty_entries: np.ndarray,
     k: int | None,
 ) -> torch.Tensor:
     """Tokens [N] int64, or with ``k`` not None [N, 2 + 2k] float64 rows
     (token, its logprob, k top token ids, their logprobs)."""
     raw = logits.float()
-    x = process(raw, params, histories, num_generated)
+    x = process(raw, params, penalty_entries)
     tokens = x.argmax(dim=-1)
     if not all(p.greedy for p in params):
         greedy = [p.greedy for p in params]

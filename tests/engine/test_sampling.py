@@ -8,11 +8,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
 from engine.params import SamplingParams
-from engine.sampling import process, sample, truncate, uniforms
+from engine.penalties import PenaltyCounts
+from engine.sampling import Sampler, process, sample, truncate, uniforms
 
 
 def _logits(seed: int = 0, v: int = 50) -> torch.Tensor:
@@ -167,7 +169,8 @@ def test_penalties_and_bias_match_a_per_row_reference() -> None:
     gen = torch.Generator().manual_seed(0)
     histories = [torch.randint(0, v, (12 + i,), generator=gen).tolist() for i in range(5)]
     n_gen = [4, 6, 0, 3, 5]
-    got = process(rows, params, histories, n_gen)
+    entries = PenaltyCounts().entries([f"r{i}" for i in range(5)], params, histories, n_gen)
+    got = process(rows, params, entries)
     for i in range(5):
         want = _reference_process(rows[i], params[i], histories[i], n_gen[i])
         torch.testing.assert_close(got[i], want, rtol=0, atol=1e-6)
@@ -241,3 +244,45 @@ def test_one_host_copy_per_step(with_logprobs: bool) -> None:
         out = sample(rows, params, steps, histories)
     assert dict(reads) == {"tolist": 1}
     assert len(out.tokens) == 6
+
+
+def test_penalty_records_follow_appended_tokens() -> None:
+    """Records carried between steps equal records rebuilt from the token lists: tokens appended,
+    requests leaving and coming back, a request id reused by another request."""
+    v = 30
+    counts = PenaltyCounts()
+    gen = torch.Generator().manual_seed(1)
+    params = {
+        "a": SamplingParams(frequency_penalty=1.0),
+        "b": SamplingParams(repetition_penalty=1.2, presence_penalty=0.5),
+        "c": SamplingParams(repetition_penalty=0.9),
+    }
+    lists = {rid: torch.randint(0, v, (6,), generator=gen).tolist() for rid in params}
+    prompt_len = {rid: 6 for rid in params}
+    for step in range(12):
+        rids = [rid for rid in params if not (rid == "c" and step % 4 == 2)]
+        if step == 7:  # "b" finishes; a new request takes its id
+            lists["b"] = torch.randint(0, v, (4,), generator=gen).tolist()
+            prompt_len["b"] = 4
+        hist = [lists[r] for r in rids]
+        n_gen = [len(lists[r]) - prompt_len[r] for r in rids]
+        plist = [params[r] for r in rids]
+        got = counts.entries(rids, plist, hist, n_gen)
+        counts.check_integrity()
+        fresh = PenaltyCounts().entries(rids, plist, [list(h) for h in hist], n_gen)
+        assert np.array_equal(got, fresh)
+        assert len(counts) == len(rids)
+        for r in rids:
+            lists[r].append(int(torch.randint(0, v, (1,), generator=gen)))
+
+
+def test_sampler_carries_penalties_between_steps() -> None:
+    sampler = Sampler()
+    x = _logits(5, v=40)[None, :]
+    p = SamplingParams(temperature=0.0, frequency_penalty=2.0)
+    hist = [1, 2, 3]
+    for _ in range(6):
+        tok = sampler(x, [p], [len(hist) - 3], [hist], ["r"]).tokens[0]
+        assert tok == sample(x, [p], [len(hist) - 3], [list(hist)]).tokens[0]
+        hist.append(tok)
+    assert len(set(hist[3:])) > 1  # the penalty moved greedy off its first choice
