@@ -81,7 +81,14 @@ class HostSite:
     async def page(self, request: web.Request) -> web.Response:
         q = dict(request.query)
         src = q.pop("src")
-        return web.Response(text=page_html(src, q), content_type="text/html")
+        headers = {}
+        if q.pop("csp", None):  # a strict policy: what docs/widget.md says the widget needs
+            gw = self.gateway_url
+            headers["Content-Security-Policy"] = (
+                f"default-src 'none'; script-src {gw}; connect-src {gw}; style-src 'none'; "
+                "require-trusted-types-for 'script'"
+            )
+        return web.Response(text=page_html(src, q), content_type="text/html", headers=headers)
 
     async def session(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

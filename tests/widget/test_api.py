@@ -38,6 +38,20 @@ async def test_script_is_served_cacheable_with_etag(
         assert status == 200
 
 
+def test_script_never_parses_markup() -> None:
+    """Model and server text go in as text nodes; nothing in the widget parses HTML or code."""
+    source = SCRIPT_PATH.read_text()
+    for sink in (
+        "innerHTML",
+        "outerHTML",
+        "insertAdjacentHTML",
+        "document.write",
+        "eval(",
+        "Function(",
+    ):
+        assert sink not in source.replace("no innerHTML anywhere", ""), sink
+
+
 async def test_preflight_on_every_public_route(
     gateway_database: str, demo_model_dir: Path, tmp_path: Path
 ) -> None:

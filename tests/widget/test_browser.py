@@ -280,6 +280,27 @@ async def test_keyboard_only_reload_and_new_conversation(env: Env, page: Page) -
     assert await messages(page) == []
 
 
+async def test_works_under_a_strict_content_security_policy(env: Env, page: Page) -> None:
+    t = await widget_tenant(env.gw, "csp", [env.site.origin])
+    violations: list[str] = []
+    page.on(
+        "console", lambda m: violations.append(m.text) if "Content Security" in m.text else None
+    )
+    await page.goto(env.site.url(t.widget_key, open="true", csp="1"))
+    await wait_state(page, "ready")
+    await page.evaluate(usage_log_script())
+    await send(page, "hi")
+    await usages(page, 1)
+    await wait_state(page, "ready")
+    assert [role for role, _ in await messages(page)] == ["user", "assistant"]
+    # The policy is in force (the page's own inline style is refused) ...
+    assert await page.evaluate("getComputedStyle(document.querySelector('h1')).fontSize") != "40px"
+    # ... and the widget is styled all the same (a constructed, adopted stylesheet).
+    width = await shadow(page, "getComputedStyle(root.querySelector('.launcher')).width")
+    assert width == "56px"
+    assert not [v for v in violations if "kvgate" in v or env.gw.base_url in v], violations
+
+
 async def test_narrow_viewport_and_dark_mode(env: Env) -> None:
     t = await widget_tenant(env.gw, "narrow", [env.site.origin])
     context = await env.browser.new_context(

@@ -8,7 +8,8 @@
  */
 (() => {
   "use strict";
-  const script = document.currentScript;
+  const script =
+    document.currentScript || document.querySelector('script[src*="/widget/v1/kvgate-chat.js"]');
   if (!script || !script.src) return;
   const opts = script.dataset;
   const BASE = script.src.replace(/\/widget\/v1\/kvgate-chat\.js(?:[?#].*)?$/, "");
@@ -67,9 +68,19 @@ form button { border: 0; border-radius: 10px; padding: 0 14px; background: var(-
 form button:disabled { opacity: .5; cursor: default; }
 form button[hidden] { display: none; }
 `;
-  const ICON =
-    '<svg viewBox="0 0 24 24" aria-hidden="true"><path d="M4 4h16a2 2 0 0 1 2 2v10a2 2 0 0 1-2 ' +
-    '2H9l-5 4v-4H4a2 2 0 0 1-2-2V6a2 2 0 0 1 2-2z"/></svg>';
+  const HISTORY = 40; // messages sent with each request (the newest ones)
+
+  /** The launcher's speech-bubble icon, built as nodes (no innerHTML anywhere: Trusted Types). */
+  function icon() {
+    const ns = "http://www.w3.org/2000/svg";
+    const svg = document.createElementNS(ns, "svg");
+    svg.setAttribute("viewBox", "0 0 24 24");
+    svg.setAttribute("aria-hidden", "true");
+    const path = document.createElementNS(ns, "path");
+    path.setAttribute("d", "M4 4h16a2 2 0 0 1 2 2v10a2 2 0 0 1-2 2H9l-5 4v-4H4a2 2 0 0 1-2-2V6a2 2 0 0 1 2-2z");
+    svg.append(path);
+    return svg;
+  }
 
   // ---- DOM helpers: every piece of text goes in as a text node ---------------------------
   function el(tag, attrs, ...children) {
@@ -149,8 +160,7 @@ form button[hidden] { display: none; }
       this.launcher = el("button", {
         type: "button", class: "launcher", "aria-expanded": "false", "aria-controls": "kvg-panel",
         "aria-label": "Open chat",
-      });
-      this.launcher.innerHTML = ICON; // a constant: never model or server text
+      }, icon());
       this.title = el("h2", { id: "kvg-title" });
       this.newButton = el("button", { type: "button", class: "new" }, "New conversation");
       this.closeButton = el("button", { type: "button", class: "close", "aria-label": "Close chat" }, "×");
@@ -380,7 +390,8 @@ form button[hidden] { display: none; }
     }
 
     post(bearer, controller) {
-      const body = { model: this.model, messages: this.messages, stream: true, stream_options: { include_usage: true } };
+      const messages = this.messages.slice(-HISTORY);
+      const body = { model: this.model, messages, stream: true, stream_options: { include_usage: true } };
       const max = parseInt(opts.maxTokens || "", 10);
       if (max > 0) body.max_tokens = max;
       const temperature = parseFloat(opts.temperature || "");
