@@ -65,7 +65,7 @@ class RedisLimiter:
         self.book = LeaseBook()
         self.renewer = Renewer(self.book, self.renew, lease_ttl_s / 3)
         self.replica_id = secrets.token_hex(8)
-        self.hints: Hints | None = None  # set by the fail-over limiter after an outage
+        self.hints: Hints | None = None  # the fail-over limiter's debts, used after an outage
 
     def scope_base(self, tenant: str, scope: Scope) -> str:
         # The hash tag keeps one tenant's keys in one cluster slot (a script needs that).
