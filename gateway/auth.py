@@ -1,31 +1,30 @@
-"""API key -> tenant, cached in memory with a short TTL and dropped on tenant change events.
+"""API key -> tenant, cached in memory with a short TTL and acted on by tenant change events.
 
 The cache key is the SHA-256 of the presented key (the key itself is never kept). Only
 successful lookups are cached: a key created a moment ago must work at once. Runtime views
 (status, limits, prompt version) are cached per tenant with the same TTL and invalidated by
 events, so a suspension or a limit change applies at once on this replica and within the TTL
-on replicas that miss the event.
+on replicas that miss the event. While the tenant database is unreachable, known keys and
+tenants are served from their last-known-good state (gateway/lkg.py), for a bounded time.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from aiohttp import web
 
 from gateway.errors import ApiError
+from gateway.lkg import LastKnownGood
 from gateway.widget import tokens
 from tenants.events import TenantChanged
 from tenants.runtime import KeyIdentity, TenantRuntime
 from tenants.store import TenantStore
 
 CORS_ORIGIN = web.RequestKey("cors_origin", str)  # the checked Origin of a widget request
-
-V = TypeVar("V")
 
 
 def _invalid_key() -> ApiError:
@@ -77,64 +76,71 @@ def _require_active(rt: TenantRuntime | None) -> TenantRuntime:
 
 
 class KeyCache:
+    """Key -> identity and tenant -> runtime, each a ``LastKnownGood`` table: fresh for
+    ``ttl_s``, and while the database is unreachable served as last read for up to
+    ``stale_max_s`` (unknown keys then get 503: there is nothing to fall back on)."""
+
     def __init__(
         self,
         store: TenantStore,
         ttl_s: float,
         clock: Callable[[], float] = time.monotonic,
         on_use: Callable[[str], None] | None = None,
+        stale_max_s: float = 900.0,
     ) -> None:
         self._store = store
         self._on_use = on_use  # key id -> None (records last use; no I/O)
-        self._ttl = ttl_s
-        self._clock = clock
-        self._keys: dict[str, tuple[KeyIdentity, float]] = {}  # sha256(key) -> identity, expiry
-        self._runtimes: dict[str, tuple[TenantRuntime, float]] = {}
-        self.lookups = 0  # database round trips (tests check the cache works)
+        self._keys: LastKnownGood[KeyIdentity] = LastKnownGood(ttl_s, stale_max_s, clock)
+        self._runtimes: LastKnownGood[TenantRuntime] = LastKnownGood(ttl_s, stale_max_s, clock)
+        self.stale_max_s = stale_max_s
+
+    @property
+    def lookups(self) -> int:
+        """Database round trips attempted (tests check the cache works)."""
+        return self._keys.loads + self._runtimes.loads
+
+    @property
+    def stale_served(self) -> int:
+        """Answers given from last-known-good state while the database was unreachable."""
+        return self._keys.stale_served + self._runtimes.stale_served
+
+    def oldest_read_age(self) -> float | None:
+        ages = [a for a in (self._keys.oldest_read_age(), self._runtimes.oldest_read_age()) if a]
+        return max(ages) if ages else None
 
     async def identity(self, secret: str) -> KeyIdentity | None:
         digest = hashlib.sha256(secret.encode()).hexdigest()
-        return await self._cached(self._keys, digest, lambda: self._store.authenticate_key(secret))
+        return await self._keys.get(digest, lambda: self._store.authenticate_key(secret))
 
     async def runtime(self, tenant_id: str) -> TenantRuntime | None:
-        return await self._cached(
-            self._runtimes, tenant_id, lambda: self._store.get_tenant_runtime(tenant_id)
+        return await self._runtimes.get(
+            tenant_id, lambda: self._store.get_tenant_runtime(tenant_id)
         )
 
-    async def _cached(
-        self,
-        table: dict[str, tuple[V, float]],
-        key: str,
-        load: Callable[[], Awaitable[V | None]],
-    ) -> V | None:
-        """A fresh entry of ``table``, else ``load()`` (one database round trip); only found
-        values are cached, so a key or tenant created a moment ago is seen at once."""
-        hit = table.get(key)
-        now = self._clock()
-        if hit is not None and hit[1] > now:
-            return hit[0]
-        self.lookups += 1
-        value = await load()
-        if value is None:
-            table.pop(key, None)
-            return None
-        table[key] = (value, now + self._ttl)
-        return value
-
     def check_integrity(self) -> None:
-        for digest, (ident, expiry) in self._keys.items():
-            assert len(digest) == 64 and ident.tenant_id, f"bad key entry {digest[:8]}"
-            assert expiry > 0, f"bad expiry for key of {ident.tenant_id}"
-        for tenant_id, (rt, _) in self._runtimes.items():
-            assert rt.tenant_id == tenant_id, f"runtime of {rt.tenant_id} under {tenant_id}"
+        self._keys.check_integrity()
+        self._runtimes.check_integrity(lambda rt: rt.tenant_id)
 
     def invalidate(self, tenant_id: str) -> None:
-        self._runtimes.pop(tenant_id, None)
-        for digest in [d for d, (i, _) in self._keys.items() if i.tenant_id == tenant_id]:
-            del self._keys[digest]
+        """Re-read the tenant and its keys on next use (last-known-good still applies)."""
+        self._keys.expire(tenant_id)
+        self._runtimes.expire(tenant_id)
 
     async def on_event(self, event: TenantChanged) -> None:
-        self.invalidate(event.tenant_id)
+        """Events say what changed, not to what (``TenantChanged`` carries no key id or
+        status), so a change that may refuse traffic is never answered from stale state:
+        ``keys`` (a revocation) distrusts the tenant's keys, ``updated`` (a suspension) its
+        runtime, ``deleted`` drops both. Prompt and limit changes only expire the runtime."""
+        tid = event.tenant_id
+        if event.kind == "deleted":
+            self._keys.drop(tid)
+            self._runtimes.drop(tid)
+        elif event.kind == "keys":
+            self._keys.distrust(tid)
+        elif event.kind == "updated":
+            self._runtimes.distrust(tid)
+        else:  # created, prompt, limits
+            self._runtimes.expire(tid)
 
     async def authenticate(self, request: web.Request) -> Principal:
         """401 for a missing/unknown key, 403 for a suspended tenant or a wrong widget origin."""

@@ -29,6 +29,7 @@ import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from aiohttp import web
 
@@ -148,7 +149,19 @@ def main(argv: Sequence[str]) -> int:
     except LimiterUnavailable:  # KVGATE_RATELIMIT_FAIL_MODE=closed and no Redis at start
         print(redis_start_error(settings.ratelimit.redis_url), file=sys.stderr)
         return 1
-    return 0
+    _exit_now(0)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Everything the app opened is closed (cleanup_ctx ran): skip the interpreter's own
+    teardown, which takes seconds with torch loaded on a busy machine and would push the exit
+    past the shutdown deadline that an orchestrator enforces with SIGKILL."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def redis_start_error(url: str | None) -> str:

@@ -61,6 +61,11 @@ class RequestObserver:
         self.stream = False
         self.delivered = False  # a stream's last event was written
         self.stream_error: str | None = None  # a failure reported inside a started stream
+        # A stream ended by the shutdown deadline (error event + [DONE]): recorded as 503
+        # ``server_shutdown``, not as the 200 its headers said nor as a disconnect (499).
+        self.cut_by_shutdown = False
+        # The request's generation counters (set when the engine request is created), so the
+        # outcome carries the real tokens however the handler ends.
         self.stats: GenerationStats | None = None
         self.tracing = not isinstance(telemetry.tracer, trace.NoOpTracer)
 
@@ -117,6 +122,8 @@ class RequestObserver:
 
     def finish(self, status: int, stats: GenerationStats | None, error: str | None = None) -> None:
         """Close out the request: span attributes and timing children, metrics, one log line."""
+        if self.cut_by_shutdown:
+            status, error = 503, "server_shutdown"
         self.status, self.stats = status, stats
         m = self._tel.metrics.tenant(self.tenant_id)
         m.count_request(status)

@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.context import TELEMETRY
 from tests.gateway.harness import LiveGateway, live_gateway, make_settings, wait_for
 
 
@@ -94,11 +95,13 @@ async def test_graceful_shutdown_lets_streams_finish(
         assert not gw.state.engine.is_running
 
 
-async def test_shutdown_deadline_aborts_long_streams(
+async def test_shutdown_deadline_ends_long_streams_with_an_error_event(
     gateway_database: str, demo_model_dir: Path, tmp_path: Path
 ) -> None:
-    settings = make_settings(gateway_database, tmp_path)
-    async with live_gateway(settings, demo_model_dir, shutdown_timeout=0.3) as gw:
+    """A stream still running at the shutdown deadline gets a terminal error event and [DONE],
+    is recorded as a shutdown (503), and the lease and blocks are given back."""
+    settings = make_settings(gateway_database, tmp_path, KVGATE_SHUTDOWN_TIMEOUT_S="1")
+    async with live_gateway(settings, demo_model_dir, shutdown_timeout=0.2) as gw:
         t = await gw.create_tenant("cut", limits={"max_output_tokens": 1500})
         url = f"{gw.base_url}/v1/chat/completions"
         headers = {"Authorization": f"Bearer {t.key}"}
@@ -106,14 +109,23 @@ async def test_shutdown_deadline_aborts_long_streams(
             await resp.content.readline()
             started = time.monotonic()
             stopping = asyncio.create_task(gw.shutdown())
-            try:
-                _, finish, done = await read_stream(resp)
-            except aiohttp.ClientPayloadError:
-                finish, done = None, False
+            events = [
+                line.decode().strip() async for line in resp.content if line.startswith(b"data: ")
+            ]
         await stopping
-        assert time.monotonic() - started < 3.0
-        assert finish is None and not done
+        assert time.monotonic() - started < 1.0 + 1.0
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2][6:])["error"]
+        assert error["code"] == "server_shutdown" and error["type"] == "service_unavailable"
         assert gw.state.limiter.active_leases(t.id) == 0
+        assert gw.state.engine.cache_stats().blocks_in_use == 0
+        gw.state.drain.check_integrity()
+        assert gw.state.drain.in_flight == 0
+        metrics = gw.app[TELEMETRY].metrics.render().decode()
+        assert f'kvgate_requests_total{{status="503",tenant="{t.id}"}} 1.0' in metrics
+        (span,) = [s for s in gw.spans.get_finished_spans() if s.name.startswith("chat ")]
+        assert span.attributes["http.response.status_code"] == 503
+        assert span.attributes["error.type"] == "server_shutdown"
 
 
 async def test_engine_failure_mid_stream_becomes_an_error_event(

@@ -1,0 +1,176 @@
+"""The tenant database refused or stalled (blackholed) behind a TCP proxy, under a live gateway.
+
+Known keys keep chatting from last-known-good state (well past the key cache TTL); unknown keys
+and admin calls get an OpenAI-shaped 503 within the database deadline; /readyz answers within
+about a second and reports the database degraded, not the gateway dead; admin writes that failed
+left nothing behind; after the fault is lifted everything works again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from tenants.events import TenantChanged
+from tests.gateway.harness import (
+    ADMIN_TOKEN,
+    PG_ADMIN_DSN,
+    LiveGateway,
+    live_gateway,
+    make_settings,
+)
+from tests.reliability._proxy import FaultProxy, fault_proxy
+
+DB_TIMEOUT_S = 1.0
+MARGIN_S = 0.5  # scheduling slack on a loaded machine
+
+
+@asynccontextmanager
+async def gateway_behind_proxy(
+    database_url: str, model_dir: Path, tmp_path: Path
+) -> AsyncIterator[tuple[LiveGateway, FaultProxy]]:
+    async with fault_proxy() as proxy:
+        url = database_url.replace(":5432/", f":{proxy.port}/")
+        settings = make_settings(
+            url,
+            tmp_path,
+            KVGATE_DB_TIMEOUT_S=str(DB_TIMEOUT_S),
+            KVGATE_DB_RETRY_S="0.5",
+            KVGATE_KEY_CACHE_TTL_S="0.2",  # outages below outlast it many times over
+        )
+        async with live_gateway(settings, model_dir) as gw:
+            yield gw, proxy
+
+
+async def chat(gw: LiveGateway, key: str) -> tuple[int, dict[str, Any], float]:
+    body = {
+        "model": gw.state.model_name,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "temperature": 0,
+    }
+    started = time.monotonic()
+    url = f"{gw.base_url}/v1/chat/completions"
+    async with gw.http.post(url, json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+        return r.status, await r.json(), time.monotonic() - started
+
+
+async def admin(gw: LiveGateway, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    url = f"{gw.base_url}/admin/v1{path}"
+    async with gw.http.request(method, url, json=body, headers=headers) as r:
+        return r.status, await r.json()
+
+
+async def readyz(gw: LiveGateway) -> tuple[int, dict[str, Any], float]:
+    started = time.monotonic()
+    async with gw.http.get(f"{gw.base_url}/readyz") as r:
+        return r.status, await r.json(), time.monotonic() - started
+
+
+def assert_unavailable(status: int, body: dict[str, Any]) -> None:
+    assert status == 503, (status, body)
+    assert body["error"]["type"] == "service_unavailable"
+    assert body["error"]["code"] == "database_unavailable"
+
+
+async def test_known_keys_keep_chatting_through_refused_and_stalled_database(
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    async with gateway_behind_proxy(gateway_database, demo_model_dir, tmp_path) as (gw, proxy):
+        known = await gw.create_tenant("known")
+        # One tenant per fault whose key is never used before it: unknown to the key cache.
+        unknown = [await gw.create_tenant("unknown") for _ in range(2)]
+        assert (await chat(gw, known.key))[0] == 200
+        for fault, other in zip((proxy.refuse, proxy.blackhole), unknown, strict=True):
+            await fault()
+            await asyncio.sleep(0.3)  # the key cache TTL has passed: entries are stale
+            for _ in range(3):
+                status, _, took = await chat(gw, known.key)
+                assert status == 200, fault.__name__
+                assert took < DB_TIMEOUT_S + MARGIN_S
+            status, body, took = await chat(gw, other.key)
+            assert_unavailable(status, body)
+            assert took < DB_TIMEOUT_S + MARGIN_S
+            started = time.monotonic()
+            status, body = await admin(gw, "POST", "/tenants", {"id": "late", "name": "late"})
+            assert_unavailable(status, body)
+            assert time.monotonic() - started < DB_TIMEOUT_S + MARGIN_S
+            status, ready, took = await readyz(gw)
+            assert took < 1.0 + MARGIN_S
+            assert status == 200 and ready["ready"] is True, ready
+            assert ready["database"]["status"] == "degraded"
+            assert ready["database"]["reachable"] is False
+            assert ready["database"]["serving_last_known_good"] is True
+            await proxy.restore()
+            status, ready, _ = await readyz(gw)
+            assert status == 200 and ready["database"]["status"] == "ok", ready
+            assert (await chat(gw, other.key))[0] == 200  # read through again
+        status, _ = await admin(gw, "GET", "/tenants/late")
+        assert status == 404  # the writes refused during the outages left nothing
+        assert gw.state.keys.stale_served > 0
+        gw.state.keys.check_integrity()
+        await gw.state.store.check_integrity()
+
+
+async def test_revocation_event_during_an_outage_still_applies(
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    async with gateway_behind_proxy(gateway_database, demo_model_dir, tmp_path) as (gw, proxy):
+        revoked = await gw.create_tenant("revoked")
+        kept = await gw.create_tenant("kept")
+        for t in (revoked, kept):
+            assert (await chat(gw, t.key))[0] == 200
+        await proxy.blackhole()
+        # Another replica revoked a key of this tenant; its event reached this one.
+        await gw.state.store.bus.deliver(TenantChanged(revoked.id, "keys"))
+        status, body, took = await chat(gw, revoked.key)
+        assert_unavailable(status, body)  # cannot re-read the key: never served stale
+        assert took < DB_TIMEOUT_S + MARGIN_S
+        assert (await chat(gw, kept.key))[0] == 200
+        await gw.state.store.bus.deliver(TenantChanged(kept.id, "deleted"))
+        assert_unavailable(*(await chat(gw, kept.key))[:2])
+        await proxy.restore()
+
+
+async def test_write_stalled_mid_transaction_leaves_nothing(
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    """The tenant and prompt rows are written, then the audit insert waits on a lock held
+    elsewhere: the deadline ends the unit of work, which rolls back as a whole."""
+    db_name = gateway_database.rsplit("/", 1)[1]
+    async with gateway_behind_proxy(gateway_database, demo_model_dir, tmp_path) as (gw, _):
+        blocker = await asyncpg.connect(PG_ADMIN_DSN.rsplit("/", 1)[0] + f"/{db_name}")
+        try:
+            tr = blocker.transaction()
+            await tr.start()
+            await blocker.execute("LOCK TABLE audit_log IN EXCLUSIVE MODE")
+            started = time.monotonic()
+            body = {"id": "stalled", "name": "stalled", "system_prompt": "be brief"}
+            status, err = await admin(gw, "POST", "/tenants", body)
+            assert_unavailable(status, err)
+            assert time.monotonic() - started < DB_TIMEOUT_S + MARGIN_S
+            await tr.rollback()
+
+            # The server side rolled back too (statement timeout), leaving no row anywhere.
+            async def leftovers() -> int:
+                rows = 0
+                for table, column in (("tenants", "id"), ("system_prompts", "tenant_id")):
+                    sql = f"SELECT count(*) FROM {table} WHERE {column} = 'stalled'"
+                    rows += int(await blocker.fetchval(sql))
+                return rows
+
+            assert await leftovers() == 0
+            await asyncio.sleep(DB_TIMEOUT_S + 0.5)  # past the server-side statement timeout
+            assert await leftovers() == 0
+        finally:
+            await blocker.close()
+        status, _ = await admin(gw, "POST", "/tenants", {"id": "after", "name": "after"})
+        assert status == 201  # the database serves writes again
+        await gw.state.store.check_integrity()
