@@ -68,7 +68,8 @@ class KeyLimitsIn(_In):
 
 
 class TenantCreate(_In):
-    id: str
+    # The pattern is published (OpenAPI); the validator below gives the readable error.
+    id: str = Field(json_schema_extra={"pattern": TENANT_ID_RE.pattern})
     name: str = Field(min_length=1, max_length=200)
     system_prompt: str | None = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHARS)
     limits: LimitsIn | None = None
