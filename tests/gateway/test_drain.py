@@ -78,3 +78,29 @@ async def test_new_requests_while_draining_get_503(
             error = (await resp.json())["error"]
         assert error["code"] == "server_shutdown" and error["type"] == "service_unavailable"
         gw.state.draining = False
+
+
+async def test_non_streaming_request_at_the_deadline_gets_503(
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    settings = make_settings(gateway_database, tmp_path, KVGATE_SHUTDOWN_TIMEOUT_S="1")
+    async with live_gateway(settings, demo_model_dir, shutdown_timeout=0.2) as gw:
+        t = await gw.create_tenant("slow", limits={"max_output_tokens": 1500})
+        body = {
+            "model": gw.state.model_name,
+            "messages": [{"role": "user", "content": "talk"}],
+            "max_tokens": 1500,
+            "temperature": 0,
+        }
+        headers = {"Authorization": f"Bearer {t.key}"}
+        url = f"{gw.base_url}/v1/chat/completions"
+        answer = asyncio.create_task(gw.http.post(url, json=body, headers=headers))
+        await asyncio.sleep(0.3)  # generating
+        await gw.shutdown()
+        resp = await answer
+        assert resp.status == 503
+        error = (await resp.json())["error"]
+        assert error["code"] == "server_shutdown"
+        assert gw.state.limiter.active_leases(t.id) == 0
+        (span,) = [s for s in gw.spans.get_finished_spans() if s.name.startswith("chat ")]
+        assert span.attributes["http.response.status_code"] == 503
