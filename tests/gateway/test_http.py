@@ -23,7 +23,7 @@ import pytest_asyncio
 import structlog
 from aiohttp import web
 
-from gateway.errors import error_middleware
+from gateway.errors import ApiError, error_middleware
 from gateway.http import (
     AiohttpRedaction,
     GatewayProtocol,
@@ -48,11 +48,16 @@ async def echo(request: web.Request) -> web.Response:
     return web.json_response({"bytes": len(body), "head": body[:16].decode("latin-1")})
 
 
+async def busy(request: web.Request) -> web.Response:
+    raise ApiError(503, "database unavailable", type_="service_unavailable", code="db_down")
+
+
 def make_app() -> web.Application:
     app = web.Application(
         middlewares=[error_middleware, content_encoding_middleware], client_max_size=MAX_BODY
     )
     app.router.add_post("/echo", echo)
+    app.router.add_get("/busy", busy)
     sub = web.Application(middlewares=[error_middleware])
     sub.router.add_put("/v1/things/{id}", echo)
     app.add_subapp("/admin", sub)
@@ -326,6 +331,7 @@ async def test_refusals_carry_a_request_id_and_one_log_line(port: int) -> None:
             await exchange(port, post(b"{}", Content_Encoding="foo")),
             await exchange(port, post(b"x" * (MAX_BODY + 1))),
             await exchange(port, b"GET / HTTP/1.1\r\nHost: t\x01\r\n\r\n"),
+            await exchange(port, b"GET /busy HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"),
         ]
     refused = [e for e in events if e["event"] == "request_refused"]
     assert [(e["status"], e["reason"]) for e in refused] == [
@@ -333,6 +339,7 @@ async def test_refusals_carry_a_request_id_and_one_log_line(port: int) -> None:
         (415, "unsupported_content_encoding"),
         (413, "request_too_large"),
         (400, "malformed_request"),
+        (503, "db_down"),
     ]
     assert [e["request_id"] for e in refused] == [r.headers["x-request-id"] for r in replies]
     assert refused[1]["route"] == "POST /echo"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import aiohttp
 import pytest
 import pytest_asyncio
 import structlog
@@ -489,6 +490,13 @@ async def test_header_lines_with_control_bytes_never_5xx_nor_quoted(
     assert secret.decode() not in logged
 
 
+async def _answer(
+    http: aiohttp.ClientSession, method: str, url: str, headers: dict[str, str], body: bytes
+) -> tuple[int, bytes]:
+    async with http.request(method, URL(url, encoded=True), data=body, headers=headers) as resp:
+        return resp.status, await resp.read()
+
+
 @contextlib.contextmanager
 def _stdlib_records() -> Any:
     """Every stdlib log record (formatted, with its exception), while the block runs."""
@@ -507,3 +515,56 @@ def _stdlib_records() -> Any:
     finally:
         root.removeHandler(handler)
         root.setLevel(level)
+
+
+SECRET = "sk-hostile-0d5e8a11c9"
+
+
+async def test_no_secret_reaches_logs_or_error_bodies(
+    gw: LiveGateway, tenant: TenantHandle
+) -> None:
+    """A batch of hostile requests, each carrying a known secret where a client can put one;
+    access logging on (as in these tests' runner): the secret is in no answer and no log line."""
+    chat = f"{gw.base_url}/v1/chat/completions"
+    ok = {"model": gw.state.model_name, "max_tokens": 2}
+    said = {**ok, "messages": [{"role": "user", "content": f"my key is {SECRET}"}]}
+    key = {"Authorization": f"Bearer {tenant.key}"}
+    hostile: list[tuple[str, str, dict[str, str], bytes]] = [
+        ("POST", chat, {"Authorization": f"Bearer {SECRET}"}, encode(said)),
+        ("POST", chat, {"Authorization": SECRET}, encode(said)),
+        ("POST", chat, key, encode(said)),  # 200: the prompt is not logged
+        ("POST", chat, key, encode({**said, "model": SECRET})),
+        ("POST", chat, key, SECRET.encode()),
+        ("POST", chat, key, encode({**said, "messages": [{"role": SECRET, "content": "x"}]})),
+        ("POST", chat + f"?api_key={SECRET}", key, b"{"),
+        ("POST", chat, {"User-Agent": SECRET, "Referer": f"https://x/{SECRET}"}, b"{}"),
+        ("POST", chat, {"Cookie": f"session={SECRET}", "X-Request-Id": SECRET}, b"{}"),
+        ("POST", chat, {**key, "Content-Encoding": SECRET}, b"{}"),
+        ("POST", chat, {**key, "Content-Type": f"application/json; charset={SECRET}"}, b"{}"),
+        ("GET", f"{gw.base_url}/v1/{SECRET}", key, b""),
+        ("GET", f"{gw.base_url}/admin/v1/tenants", {"Authorization": f"Bearer {SECRET}"}, b""),
+        ("PUT", f"{gw.base_url}/admin/v1/tenants/{tenant.id}/system-prompt",
+         {"Authorization": f"Bearer {ADMIN_TOKEN}"}, encode({"text": f"Be brief. {SECRET}"})),
+        ("PUT", f"{gw.base_url}/admin/v1/tenants/{tenant.id}/system-prompt",
+         {"Authorization": f"Bearer {ADMIN_TOKEN}"}, encode({"text": "Be brief."})),
+    ]  # fmt: skip
+    # An unknown field is named in the answer (OpenAI's wording): its sender chose the name.
+    # It still stays out of the logs.
+    named = [("POST", chat, key, encode({SECRET: 1, **said}))]
+    with structlog.testing.capture_logs() as events, _stdlib_records() as records:
+        # A session of its own: its connections are made while access logging is enabled.
+        async with aiohttp.ClientSession() as http:
+            answers = [
+                await _answer(http, method, url, headers, body)
+                for method, url, headers, body in hostile + named
+            ]
+    for (method, url, headers, body), (status, payload) in zip(
+        hostile + named, answers, strict=True
+    ):
+        check(status, payload, body)
+        if status >= 400 and (method, url, headers, body) not in named:
+            assert SECRET.encode() not in payload, (url, headers, payload)
+    logged = repr(events) + "".join(records)
+    assert SECRET not in logged
+    assert tenant.key not in logged and ADMIN_TOKEN not in logged
+    assert sum("http_access" in r for r in records) == len(hostile + named)  # access log on
