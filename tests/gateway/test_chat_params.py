@@ -14,7 +14,12 @@ import pytest_asyncio
 import torch
 
 from gateway.chat.response_models import ChatCompletion, ChatCompletionChunk
-from tests.gateway.harness import LiveGateway, TenantHandle, gateway_on_fresh_database
+from tests.gateway.harness import (
+    LiveGateway,
+    TenantHandle,
+    gateway_on_fresh_database,
+    wait_for,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -285,3 +290,19 @@ async def test_answers_match_the_response_models(gw: LiveGateway, tenant: Tenant
         assert mine[0].delta.role == "assistant" and mine[-1].finish_reason is not None
         streamed = [e for c in mine if c.logprobs for e in c.logprobs.content or []]
         assert streamed == answer.choices[i].logprobs.content  # type: ignore[union-attr]
+
+
+async def test_disconnect_aborts_every_choice(
+    gw: LiveGateway, client: openai.AsyncOpenAI, tenant: TenantHandle
+) -> None:
+    stream = await _create(gw, client, n=3, max_tokens=1000, temperature=1.0, stream=True)
+    got = 0
+    async for _chunk in stream:
+        got += 1
+        if got == 8:
+            break
+    assert gw.state.engine.cache_stats().blocks_in_use > 0
+    await stream.close()  # the client goes away: all three engine requests end now
+    # (3 x 1000 tokens would take seconds)
+    await wait_for(lambda: gw.state.engine.cache_stats().blocks_in_use == 0, timeout=1.0)
+    await wait_for(lambda: gw.state.limiter.active_leases(tenant.id) == 0, timeout=1.0)
