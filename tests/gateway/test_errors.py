@@ -79,7 +79,7 @@ HI = [{"role": "user", "content": "hi"}]
         ({"model": "MODEL", "messages": HI, "max_tokens": 0}, "max_tokens"),
         ({"model": "MODEL", "messages": HI, "temperature": 3}, "temperature"),
         ({"model": "MODEL", "messages": HI, "top_p": 0}, "top_p"),
-        ({"model": "MODEL", "messages": HI, "n": 2}, "n"),
+        ({"model": "MODEL", "messages": HI, "n": 0}, "n"),
         ({"model": "MODEL", "messages": HI, "stream": "yes"}, "stream"),
         ({"model": "MODEL", "messages": HI, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"model": "MODEL", "messages": HI, "stop": 7}, "stop"),
@@ -156,7 +156,7 @@ async def test_max_tokens_above_the_tenant_cap_is_400(gw: LiveGateway) -> None:
     t = await gw.create_tenant("cap", limits={"max_output_tokens": 4})
     status, data = await post(gw, t.key, ok_body(gw, max_tokens=5))
     assert_error(status, data, 400, "max_tokens")
-    status, data = await post(gw, t.key, ok_body(gw, max_completion_tokens=4))
+    status, data = await post(gw, t.key, ok_body(gw, max_tokens=4, max_completion_tokens=4))
     assert status == 200 and data["usage"]["completion_tokens"] <= 4
 
 
