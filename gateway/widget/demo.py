@@ -3,7 +3,8 @@
 Served only when ``KVGATE_WIDGET_DEMO`` is on (``auto``: in the embedded default only). On the
 first visit from an origin it creates the tenant ``widget-demo`` (if missing) and a widget key
 bound to that origin (the page's own), and remembers the key in ``VAR_DIR/widget-demo-keys.json``
-(mode 0600): the key is shown to the browser anyway, but the store keeps only its hash.
+(mode 0600): the key is shown to the browser anyway, but the store keeps only its hash. At most
+``MAX_ORIGINS`` origins get a key.
 """
 
 from __future__ import annotations
@@ -17,12 +18,16 @@ from pathlib import Path
 from aiohttp import web
 
 from gateway.context import STATE
+from gateway.errors import ApiError
 from tenants.errors import TenantExists
 from tenants.schemas import KeyCreate, TenantCreate
 
 DEMO_TENANT = "widget-demo"
 DEMO_PROMPT = "You are the kvgate demo assistant. Answer briefly and kindly."
 KEYS_FILE = "widget-demo-keys.json"
+# The page's origin comes from the Host header: a client could ask for keys for any number of
+# made-up origins. Past this many the demo refuses new ones instead of filling the key table.
+MAX_ORIGINS = 16
 ACTOR = "widget-demo"
 
 PAGE = """<!doctype html>
@@ -81,6 +86,13 @@ class DemoKeys:
             known = keys.get(origin)
             if known is not None and await state.keys.identity(known) is not None:
                 return known
+            if known is None and len(keys) >= MAX_ORIGINS:
+                raise ApiError(
+                    403,
+                    f"the widget demo serves at most {MAX_ORIGINS} origins",
+                    type_="permission_error",
+                    code="demo_origin_limit",
+                )
             try:
                 create = TenantCreate(
                     id=DEMO_TENANT,

@@ -11,6 +11,7 @@ import pytest_asyncio
 from aiohttp.test_utils import make_mocked_request
 from sqlalchemy import select
 
+from gateway.widget import demo
 from gateway.widget.views import SCRIPT_PATH
 from tenants.models import Tenant
 from tests.gateway.harness import (
@@ -241,8 +242,9 @@ async def test_session_tokens(gw: LiveGateway) -> None:
 
 
 async def test_demo_page_creates_tenant_and_key_once(
-    gateway_database: str, demo_model_dir: Path, tmp_path: Path
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(demo, "MAX_ORIGINS", 2)
     settings = make_settings(gateway_database, tmp_path, KVGATE_WIDGET_DEMO="true")
     async with live_gateway(settings, demo_model_dir) as gw:
         status, _, page = await request(gw, "GET", "/widget/demo")
@@ -254,6 +256,13 @@ async def test_demo_page_creates_tenant_and_key_once(
         assert ident is not None and ident.kind == "widget"
         assert ident.allowed_origins == (gw.base_url,)
         assert (tmp_path / "var" / "widget-demo-keys.json").stat().st_mode & 0o077 == 0
+        # Origins come from the Host header: only a few get a key.
+        status, _, body = await request(gw, "GET", "/widget/demo", Host="bad_host!")
+        assert status == 422  # not an origin a key can be bound to
+        status, _, page = await request(gw, "GET", "/widget/demo", Host="a.test")
+        assert status == 200 and "http://a.test" in page
+        status, _, body = await request(gw, "GET", "/widget/demo", Host="b.test")
+        assert status == 403 and body["error"]["code"] == "demo_origin_limit"
     async with live_gateway(make_settings(gateway_database, tmp_path), demo_model_dir) as gw:
         status, _, _ = await request(gw, "GET", "/widget/demo")
         assert status == 404
