@@ -65,6 +65,16 @@ def _fraction(raw: str) -> float:
     return value
 
 
+def _float_in(low: float, high: float, *, low_open: bool = False) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        value = float(raw)
+        if not (low < value if low_open else low <= value) or value > high:
+            raise ValueError(f"must be in {'(' if low_open else '['}{low}, {high}]")
+        return value
+
+    return parse
+
+
 def _opt_share(raw: str) -> float | None:
     if not raw:
         return None
@@ -147,6 +157,22 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_DTYPE", _choice("auto", "float32", "bfloat16", "float16"), "auto", "dtype"),
     Variable("KVGATE_MAX_NUM_SEQS", _int, "256", "engine: most running requests"),
     Variable("KVGATE_DEFAULT_MAX_TOKENS", _int, "256", "max_tokens when a request gives none"),
+    # Sampling defaults for requests that leave a parameter out (model-specific values belong
+    # here, e.g. the model card's recommended temperature).
+    Variable("KVGATE_DEFAULT_TEMPERATURE", _float_in(0.0, 2.0), "1.0", "temperature if unset"),
+    Variable("KVGATE_DEFAULT_TOP_P", _float_in(0.0, 1.0, low_open=True), "1.0", "top_p if unset"),
+    Variable(
+        "KVGATE_DEFAULT_REPETITION_PENALTY",
+        _float_in(0.0, 10.0, low_open=True),
+        "1.0",
+        "repetition_penalty if unset (1.0: off)",
+    ),
+    Variable(
+        "KVGATE_DEFAULT_FREQUENCY_PENALTY",
+        _float_in(-2.0, 2.0),
+        "0.0",
+        "frequency_penalty if unset",
+    ),
     Variable("KVGATE_REDIS_URL", _opt_str, "", "Redis for rate limits; unset: in-process limiter"),
     Variable("KVGATE_REDIS_PREFIX", _str, "kvgate:", "prefix of every Redis key the gateway uses"),
     Variable(
@@ -305,6 +331,11 @@ class ModelSettings:
     dtype: str
     max_num_seqs: int
     default_max_tokens: int
+    # Sampling parameters a request leaves out (gateway/chat/views.py ``sampling_params``).
+    default_temperature: float = 1.0
+    default_top_p: float = 1.0
+    default_repetition_penalty: float = 1.0
+    default_frequency_penalty: float = 0.0
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> ModelSettings:
@@ -321,6 +352,10 @@ class ModelSettings:
             dtype=value(src, "KVGATE_DTYPE"),
             max_num_seqs=value(src, "KVGATE_MAX_NUM_SEQS"),
             default_max_tokens=default_max,
+            default_temperature=value(src, "KVGATE_DEFAULT_TEMPERATURE"),
+            default_top_p=value(src, "KVGATE_DEFAULT_TOP_P"),
+            default_repetition_penalty=value(src, "KVGATE_DEFAULT_REPETITION_PENALTY"),
+            default_frequency_penalty=value(src, "KVGATE_DEFAULT_FREQUENCY_PENALTY"),
         )
 
     def engine_overrides(self) -> dict[str, Any]:

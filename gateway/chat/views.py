@@ -21,11 +21,13 @@ from aiohttp import web
 
 from engine.params import SamplingParams
 from gateway.auth import Principal
-from gateway.chat.generation import Generation, GenerationStats
+from gateway.chat.generation import ChoiceGroup, GenerationStats, Piece
+from gateway.chat.logprobs import LogprobFormatter
 from gateway.chat.observe import RequestObserver
 from gateway.chat.prompt import assemble, check_client_system
 from gateway.chat.schemas import (
     ChatRequest,
+    choice_body,
     chunk_body,
     completion_body,
     parse_chat_request,
@@ -38,6 +40,7 @@ from gateway.errors import REQUEST_ID, TENANT, ApiError, new_request_id, to_api_
 from gateway.pins import PromptEntry
 from gateway.ratelimit import Decision, Lease, Scope
 from gateway.ratelimit.scopes import VisitorDefaults, admission_scopes, client_address
+from gateway.settings import ModelSettings
 from tenants.runtime import TenantRuntime
 
 CLIENT_CLOSED = 499  # status recorded when the client went away mid-request
@@ -138,7 +141,7 @@ async def _serve(
 ) -> tuple[web.StreamResponse, GenerationStats]:
     rt = principal.runtime
     entry = state.pins.begin(rt)
-    gen: Generation | None = None
+    gen: ChoiceGroup | None = None
     lease: Lease | None = None
     n_prompt = 0
     try:
@@ -149,16 +152,20 @@ async def _serve(
             body, rt, n_prompt, state.engine.max_model_len, settings.model.default_max_tokens
         )
         obs.set_max_tokens(max_tokens)
+        params = sampling_params(body, max_tokens, settings.model, state.tokenizer.vocab_size)
+        # n choices: the prompt once, up to max_tokens for each choice
+        reserve = n_prompt + body.num_choices * max_tokens
         # The lease exists before the admission call, so ``finally`` gives back whatever that
         # call took, even when it never answered (timeout, disconnect).
-        lease = Lease.new(rt.tenant_id, _scopes(request, principal), n_prompt + max_tokens)
+        lease = Lease.new(rt.tenant_id, _scopes(request, principal), reserve)
         decision = await _admit(state, lease, obs)
         headers = {**decision.headers(), "x-request-id": rid}
-        gen = Generation(
+        gen = ChoiceGroup(
             state.engine,
             state.tokenizer,
             prompt_ids,
-            sampling_params(body, max_tokens),
+            params,
+            n=body.num_choices,
             namespace=entry.namespace,
             request_id=rid,
             stops=body.stop_strings,
@@ -177,7 +184,7 @@ async def _serve(
 async def _give_back(
     state: GatewayState,
     entry: PromptEntry,
-    gen: Generation | None,
+    gen: ChoiceGroup | None,
     lease: Lease | None,
     n_prompt: int,
 ) -> None:
@@ -231,13 +238,34 @@ def resolve_max_tokens(
     return requested
 
 
-def sampling_params(body: ChatRequest, max_tokens: int) -> SamplingParams:
+def sampling_params(
+    body: ChatRequest, max_tokens: int, defaults: ModelSettings, vocab_size: int
+) -> SamplingParams:
+    """The engine's parameters: the request's, else the model's defaults (settings)."""
+    bias = body.bias
+    if any(tok >= vocab_size for tok, _ in bias):
+        raise ApiError(
+            400,
+            f"invalid key in logit_bias: token ids must be below {vocab_size}",
+            param="logit_bias",
+        )
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
+        temperature=_given(body.temperature, defaults.default_temperature),
+        top_p=_given(body.top_p, defaults.default_top_p),
+        top_k=body.top_k or 0,
+        min_p=body.min_p or 0.0,
         seed=body.seed,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=_given(body.frequency_penalty, defaults.default_frequency_penalty),
+        repetition_penalty=_given(body.repetition_penalty, defaults.default_repetition_penalty),
+        logit_bias=bias,
+        logprobs=body.num_logprobs,
     )
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def _scopes(request: web.Request, principal: Principal) -> tuple[Scope, ...]:
@@ -278,16 +306,20 @@ def rate_limit_error(decision: Decision) -> ApiError:
 
 async def _complete(
     request: web.Request,
-    gen: Generation,
+    gen: ChoiceGroup,
     body: ChatRequest,
     rid: str,
     headers: dict[str, str],
     obs: RequestObserver,
 ) -> web.Response:
-    text = await gen.full_text()
+    fmt = LogprobFormatter(gen.tokenizer)
+    choices = [
+        choice_body(c.index, c.text, c.finish_reason, fmt.body(c.logprobs))
+        for c in await gen.results()
+    ]
     s = gen.stats
     usage = usage_body(s.prompt_tokens, s.completion_tokens, s.cached_tokens)
-    out = completion_body(rid, body.model, text, s.finish_reason or "stop", usage)
+    out = completion_body(rid, body.model, choices, usage)
     resp = web.json_response(out, headers=headers)
     # Sent now, so the limiter release in ``finally`` is not on the client's critical path.
     await resp.prepare(request)
@@ -298,7 +330,7 @@ async def _complete(
 
 async def _stream(
     request: web.Request,
-    gen: Generation,
+    gen: ChoiceGroup,
     body: ChatRequest,
     rid: str,
     headers: dict[str, str],
@@ -306,11 +338,14 @@ async def _stream(
 ) -> web.StreamResponse:
     resp = await open_stream(request, headers)
     created = int(time.time())
-    await send_event(resp, chunk_body(rid, body.model, created, {"role": "assistant"}))
+    for i in range(body.num_choices):
+        role = {"role": "assistant"}
+        await send_event(resp, chunk_body(rid, body.model, created, role, index=i))
+    fmt = LogprobFormatter(gen.tokenizer) if gen.wants_logprobs else None
     try:
-        async with contextlib.aclosing(gen.text()) as deltas:
-            async for delta in deltas:
-                await send_event(resp, chunk_body(rid, body.model, created, {"content": delta}))
+        async with contextlib.aclosing(gen.pieces()) as pieces:
+            async for piece in pieces:
+                await send_event(resp, _piece_chunk(piece, rid, body.model, created, fmt))
     except ConnectionError:
         raise  # the client is gone: nothing to tell it
     except (Exception, asyncio.CancelledError) as exc:
@@ -327,8 +362,6 @@ async def _stream(
         await resp.write_eof()
         return resp
     s = gen.stats
-    final = chunk_body(rid, body.model, created, {}, finish_reason=s.finish_reason or "stop")
-    await send_event(resp, final)
     if body.include_usage:
         usage = usage_body(s.prompt_tokens, s.completion_tokens, s.cached_tokens)
         await send_event(resp, chunk_body(rid, body.model, created, None, usage=usage))
@@ -336,3 +369,14 @@ async def _stream(
     obs.delivered = True  # the client has it all; closing now is not a disconnect
     await resp.write_eof()
     return resp
+
+
+def _piece_chunk(
+    piece: Piece, rid: str, model: str, created: int, fmt: LogprobFormatter | None
+) -> dict[str, object]:
+    """A content chunk, or the choice's final chunk (empty delta, finish reason)."""
+    if piece.finish_reason is not None:
+        return chunk_body(rid, model, created, {}, piece.finish_reason, index=piece.index)
+    logprobs = fmt.body(piece.logprobs) if fmt is not None else None
+    delta = {"content": piece.text}
+    return chunk_body(rid, model, created, delta, index=piece.index, logprobs=logprobs)
