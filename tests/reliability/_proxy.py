@@ -26,7 +26,6 @@ class FaultProxy:
         self.port = _free_port()
         self._server: asyncio.Server | None = None
         self._conns: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter | None]] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
         self.accepted = 0
 
     async def start(self) -> None:
@@ -49,11 +48,6 @@ class FaultProxy:
     async def close(self) -> None:
         await self._close_listener()
         self._reset_all()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
 
     async def _close_listener(self) -> None:
         server, self._server = self._server, None
