@@ -5,18 +5,28 @@ whether it completes, the last ``max(len(stop)) - 1`` characters are held back::
 
     decoded so far:  | emitted ............ | held back (< longest stop) |
     a stop found at i: emit text[:i], finish "stop", abort the engine request at once
+
+Logprobs (when asked) travel with the text: each emitted piece carries the entries of the tokens
+consumed since the previous piece. The token that ended a request in the engine (EOS or a stop
+token) is not part of the answer, so its entry is dropped, as OpenAI does.
+
+``n`` choices of one prompt (``ChoiceGroup``) are ``n`` ordinary engine requests in the same
+namespace, submitted together: the prefix cache gives them the prompt's blocks once (early reuse
+joins blocks still being computed), and a streamed answer interleaves their pieces by index.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from engine.model.tokenizer import IncrementalDetokenizer
-from engine.outputs import RequestMetrics, RequestOutput
+from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from engine.params import SamplingParams
 
 
@@ -58,6 +68,25 @@ class GenerationStats:
     engine_metrics: RequestMetrics | None = None
 
 
+@dataclass(frozen=True)
+class Piece:
+    """A streamed part of one choice: new text, the logprobs of the tokens behind it (empty
+    unless asked), and on the choice's last piece its finish reason."""
+
+    index: int
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ChoiceResult:
+    index: int
+    text: str
+    finish_reason: str
+    logprobs: tuple[TokenLogprob, ...] | None  # None when not asked
+
+
 class Generation:
     """Runs one request through ``AsyncEngine.generate`` and yields text deltas.
 
@@ -75,7 +104,11 @@ class Generation:
         namespace: str,
         request_id: str,
         stops: Sequence[str] = (),
+        index: int = 0,
+        on_update: Callable[[], None] | None = None,
     ) -> None:
+        self.index = index
+        self._on_update = on_update  # told after every change of ``stats``
         self._engine = engine
         self._tokenizer = tokenizer
         self._prompt_ids = prompt_ids
@@ -86,6 +119,8 @@ class Generation:
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
         self._stream: AsyncIterator[RequestOutput] | None = None
         self._first: RequestOutput | None = None
+        self.logprobs: list[TokenLogprob] = []  # every answer token's entry so far, if asked
+        self._unsent = 0  # entries of self.logprobs not yet attached to a piece
 
     async def start(self) -> None:
         """Submit and wait for the first output, so admission errors (prompt too long, engine
@@ -101,6 +136,13 @@ class Generation:
         self._first = await anext(self._stream)
 
     async def text(self) -> AsyncIterator[str]:
+        async with contextlib.aclosing(self.pieces()) as pieces:
+            async for piece in pieces:
+                if piece.text:
+                    yield piece.text
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """Text deltas with their logprobs; the last piece carries the finish reason."""
         assert self._stream is not None and self._first is not None, "start() first"
         detok = make_detokenizer(self._tokenizer)
         out: RequestOutput | None = self._first
@@ -109,18 +151,27 @@ class Generation:
                 delta, stopped = self._consume(out, detok)
                 if delta:
                     self._mark_token_time()
-                    yield delta
+                    yield Piece(self.index, delta, self._take_logprobs())
                 if stopped or out.finished:
                     break
                 out = await anext(self._stream, None)
             tail = self._stops.flush() if self.stats.finish_reason != "stop_string" else ""
             if tail:
                 self._mark_token_time()
-                yield tail
+            if tail or self._unsent:
+                yield Piece(self.index, tail, self._take_logprobs())
         finally:
             await self.close()
         if self.stats.finish_reason == "stop_string":
             self.stats.finish_reason = "stop"
+        yield Piece(self.index, "", (), self.stats.finish_reason or "stop")
+
+    def _take_logprobs(self) -> tuple[TokenLogprob, ...]:
+        if not self._unsent:
+            return ()
+        taken = tuple(self.logprobs[len(self.logprobs) - self._unsent :])
+        self._unsent = 0
+        return taken
 
     async def full_text(self) -> str:
         """The whole completion, for a non-streaming answer.
@@ -157,6 +208,14 @@ class Generation:
         s.engine_metrics = out.metrics
         if out.finished:
             s.finish_reason = "length" if out.finish_reason == "length" else "stop"
+        if out.new_logprobs:
+            entries = out.new_logprobs
+            if out.finished and out.finish_reason == "stop":
+                entries = entries[:-1]  # the EOS / stop token is not part of the answer
+            self.logprobs.extend(entries)
+            self._unsent += len(entries)
+        if self._on_update is not None:
+            self._on_update()
 
     def _consume(self, out: RequestOutput, detok: Any) -> tuple[str, bool]:
         self._record(out)
@@ -173,6 +232,8 @@ class Generation:
         if self.stats.first_token_at is None:
             self.stats.first_token_at = now
         self.stats.last_token_at = now
+        if self._on_update is not None:
+            self._on_update()
 
     async def close(self) -> None:
         stream, self._stream = self._stream, None
@@ -182,3 +243,115 @@ class Generation:
 
 def make_detokenizer(tokenizer: Any) -> IncrementalDetokenizer:
     return IncrementalDetokenizer(tokenizer)
+
+
+class ChoiceGroup:
+    """``n`` choices of one prompt, each its own engine request through ``engine.generate``.
+
+    ``stats`` sums the choices: the prompt is counted once (as OpenAI bills it), completion
+    tokens of every choice; cached tokens, finish reason and engine timings are choice 0's.
+    Choice ``i`` samples with ``seed + i`` when a seed is given.
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        tokenizer: Any,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        n: int,
+        namespace: str,
+        request_id: str,
+        stops: Sequence[str] = (),
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        self.choices = [
+            Generation(
+                engine,
+                tokenizer,
+                prompt_ids,
+                choice_params(params, i),
+                namespace=namespace,
+                request_id=request_id if i == 0 else f"{request_id}-{i}",
+                stops=stops,
+                index=i,
+                on_update=self._refresh,
+            )
+            for i in range(n)
+        ]
+        self.wants_logprobs = params.logprobs is not None
+
+    def _refresh(self) -> None:
+        s, first = self.stats, self.choices[0].stats
+        all_stats = [c.stats for c in self.choices]
+        s.completion_tokens = sum(c.completion_tokens for c in all_stats)
+        s.cached_tokens = first.cached_tokens
+        s.finish_reason = first.finish_reason
+        s.engine_metrics = first.engine_metrics
+        firsts = [c.first_token_at for c in all_stats if c.first_token_at is not None]
+        lasts = [c.last_token_at for c in all_stats if c.last_token_at is not None]
+        s.first_token_at = min(firsts, default=None)
+        s.last_token_at = max(lasts, default=None)
+
+    async def start(self) -> None:
+        """Submit every choice at once (one engine step can admit them all) and wait for each
+        first output; if one fails, the others are stopped and the error is raised."""
+        if len(self.choices) == 1:
+            await self.choices[0].start()
+            return
+        tasks = [asyncio.ensure_future(c.start()) for c in self.choices]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    async def results(self) -> list[ChoiceResult]:
+        """Every choice in full (non-streaming answer)."""
+        out = []
+        for c in self.choices:
+            text = await c.full_text()
+            logprobs = tuple(c.logprobs) if self.wants_logprobs else None
+            out.append(ChoiceResult(c.index, text, c.stats.finish_reason or "stop", logprobs))
+        return out
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """Pieces of all choices in the order they are ready (one choice: its own order)."""
+        if len(self.choices) == 1:
+            async with contextlib.aclosing(self.choices[0].pieces()) as pieces:
+                async for piece in pieces:
+                    yield piece
+            return
+        streams = [c.pieces() for c in self.choices]
+        pending = {asyncio.ensure_future(anext(s)): i for i, s in enumerate(streams)}
+        try:
+            while pending:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for fut in sorted(done, key=lambda f: pending[f]):
+                    i = pending.pop(fut)
+                    try:
+                        piece = fut.result()
+                    except StopAsyncIteration:
+                        continue
+                    yield piece
+                    pending[asyncio.ensure_future(anext(streams[i]))] = i
+        finally:
+            for fut in pending:
+                fut.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            for stream in streams:
+                await stream.aclose()
+
+    async def close(self) -> None:
+        for c in self.choices:
+            await c.close()
+
+
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    if index == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=params.seed + index)

@@ -1,8 +1,13 @@
 """Request and response shapes of ``POST /v1/chat/completions`` (OpenAI Chat Completions).
 
-Requests are validated strictly (a string where a number belongs is a 400, not a coercion);
-fields OpenAI defines that kvgate does not implement are ignored unless their value would change
-the answer (``n`` other than 1 is rejected).
+Requests are validated strictly (a string where a number belongs is a 400, not a coercion).
+Unknown top-level fields are refused as OpenAI refuses them ("Unrecognized request argument
+supplied: X"); fields OpenAI defines that kvgate does not implement are declared, so the OpenAPI
+document lists them, and refused with a 400 naming the parameter when their value would change
+the answer (tools, function calling, JSON / schema output, audio, predicted outputs, reasoning
+effort, stored completions); the rest (``metadata``, ``service_tier``, ``parallel_tool_calls``)
+are accepted and have no effect. ``top_k``, ``min_p`` and ``repetition_penalty`` are kvgate
+extensions (vLLM's names).
 """
 
 from __future__ import annotations
@@ -13,6 +18,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.errors import ApiError
+
+MAX_CHOICES = 128
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_SEQUENCES = 4
 
 
 class TextPart(BaseModel):
@@ -43,34 +52,72 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+
+
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
+
 class ChatRequest(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    """The body of ``POST /v1/chat/completions``."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
     model: Annotated[str, Field(min_length=1)]
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
+    stop: str | list[str] | None = None
     seed: int | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, float] | None = Field(
+        default=None, description="token id (as a string) -> bias in [-100, 100]"
+    )
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: Annotated[str, Field(max_length=256)] | None = None
-    n: int | None = None
-
-    @field_validator("n")
-    @classmethod
-    def _only_one_choice(cls, n: int | None) -> int | None:
-        if n is not None and n != 1:
-            raise ValueError("only n=1 is supported")
-        return n
+    user: Annotated[str, Field(max_length=256)] | None = Field(
+        default=None, description="end-user id: logged, and the visitor of per-user limits"
+    )
+    # kvgate extensions (vLLM's names)
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
+    # Accepted, no effect.
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    parallel_tool_calls: bool | None = None
+    # Declared so the document lists them; refused unless absent / empty / the default.
+    tools: list[Any] | None = Field(default=None, description="not supported: 400 unless empty")
+    tool_choice: Any = Field(default=None, description='not supported: 400 unless "none"')
+    functions: list[Any] | None = Field(default=None, description="not supported: 400")
+    function_call: Any = Field(default=None, description="not supported: 400")
+    response_format: ResponseFormat | None = Field(
+        default=None, description='only {"type": "text"}'
+    )
+    modalities: list[str] | None = Field(default=None, description='only ["text"]')
+    audio: Any = Field(default=None, description="not supported: 400")
+    prediction: Any = Field(default=None, description="not supported: 400")
+    reasoning_effort: Any = Field(default=None, description="not supported: 400")
+    web_search_options: Any = Field(default=None, description="not supported: 400")
+    store: bool | None = Field(default=None, description="stored completions: only false")
 
     @field_validator("stop")
     @classmethod
-    def _no_empty_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
+    def _check_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
         items = [stop] if isinstance(stop, str) else stop or []
+        if len(items) > MAX_STOP_SEQUENCES:
+            raise ValueError(
+                f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed, got {len(items)}"
+            )
         if any(s == "" for s in items):
-            raise ValueError("stop strings must not be empty")
+            raise ValueError("stop sequences must not be empty")
         return stop
 
     @property
@@ -87,23 +134,118 @@ class ChatRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def num_choices(self) -> int:
+        return self.n or 1
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """SamplingParams.logprobs: None (not asked) or the number of alternatives."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    @property
+    def bias(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` with integer keys (checked by ``check_semantics``)."""
+        return tuple((int(k), v) for k, v in (self.logit_bias or {}).items())
+
 
 def parse_chat_request(body: bytes) -> ChatRequest:
     """Validate a request body; every failure becomes a 400 naming the offending field."""
     if not body.strip():
         raise ApiError(400, "request body is empty; expected a JSON object")
     try:
-        return ChatRequest.model_validate_json(body)
+        req = ChatRequest.model_validate_json(body)
     except ValidationError as exc:
         raise _to_api_error(exc) from None
+    check_semantics(req)
+    return req
+
+
+def _unsupported(param: str, what: str) -> ApiError:
+    return ApiError(400, f"{param}: {what}", param=param, code="unsupported_parameter")
+
+
+def _refused_field(req: ChatRequest) -> ApiError | None:
+    """The first field set to something kvgate does not do."""
+    if req.tools:
+        return _unsupported("tools", "tool calling is not supported by this server")
+    if req.tool_choice not in (None, "none"):
+        return _unsupported("tool_choice", "tool calling is not supported by this server")
+    for name in ("functions", "function_call"):
+        if getattr(req, name) is not None:
+            return _unsupported(name, "function calling is not supported by this server")
+    if req.response_format is not None and req.response_format.type != "text":
+        return _unsupported(
+            "response_format",
+            f"type {req.response_format.type!r} is not supported; only 'text' is",
+        )
+    if req.modalities is not None and req.modalities != ["text"]:
+        return _unsupported("modalities", "only ['text'] output is supported")
+    for name, what in (
+        ("audio", "audio output is not supported"),
+        ("prediction", "predicted outputs are not supported"),
+        ("reasoning_effort", "this model does not reason; reasoning_effort is not supported"),
+        ("web_search_options", "web search is not supported"),
+    ):
+        if getattr(req, name) is not None:
+            return _unsupported(name, what)
+    if req.store:
+        return _unsupported("store", "stored completions are not supported")
+    return None
+
+
+def check_semantics(req: ChatRequest) -> None:
+    """Rules between fields, and values pydantic's types do not express."""
+    refused = _refused_field(req)
+    if refused is not None:
+        raise refused
+    if (
+        req.max_tokens is not None
+        and req.max_completion_tokens is not None
+        and req.max_tokens != req.max_completion_tokens
+    ):
+        raise ApiError(
+            400,
+            "max_tokens and max_completion_tokens disagree; max_completion_tokens is the newer "
+            "name of max_tokens, send one of them",
+            param="max_completion_tokens",
+        )
+    if req.top_logprobs is not None and not req.logprobs:
+        raise ApiError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
+    for key, bias in (req.logit_bias or {}).items():
+        if not key.isascii() or not key.isdigit():
+            raise ApiError(
+                400,
+                f"invalid key in logit_bias: {key[:32]!r}; keys are token ids as strings",
+                param="logit_bias",
+            )
+        if not -100.0 <= bias <= 100.0:
+            raise ApiError(
+                400,
+                f"invalid value in logit_bias for token {key}: {bias}; must be in [-100, 100]",
+                param="logit_bias",
+            )
 
 
 def _to_api_error(exc: ValidationError) -> ApiError:
-    first = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    first = errors[0]
     if first["type"] == "json_invalid":
         return ApiError(400, f"request body is not valid JSON: {first['msg']}")
     if first["type"] == "model_type":
         return ApiError(400, "request body must be a JSON object")
+    unknown = [e for e in errors if e["type"] == "extra_forbidden" and len(e["loc"]) == 1]
+    if unknown:
+        name = str(unknown[0]["loc"][0])
+        return ApiError(
+            400,
+            f"Unrecognized request argument supplied: {name[:64]}",
+            param=name[:64],
+            code="unknown_parameter",
+        )
+    part = _content_part_error(errors)
+    if part is not None:
+        return part
     param = _param(first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
     if param == "messages" and first["type"] == "too_short":
@@ -111,6 +253,28 @@ def _to_api_error(exc: ValidationError) -> ApiError:
     elif param.endswith(".content") or ".content[" in param:
         msg = "content must be a string or an array of text parts"
     return ApiError(400, f"invalid value for {param}: {msg}", param=param or None)
+
+
+def _content_part_error(errors: list[Any]) -> ApiError | None:
+    """A content part of another type than text (image, audio, file): named, with its type."""
+    for e in errors:
+        loc = e["loc"]
+        if (
+            e["type"] == "literal_error"
+            and len(loc) > 3
+            and loc[2] == "content"
+            and loc[-1] == "type"
+        ):
+            kind = e["input"] if isinstance(e["input"], str) else "non-text"
+            param = _param(loc[:-1])
+            return ApiError(
+                400,
+                f"{param}: content parts of type {kind[:32]!r} are not supported; this model "
+                "reads text only",
+                param=param,
+                code="unsupported_content",
+            )
+    return None
 
 
 def _param(loc: tuple[Any, ...]) -> str:
@@ -135,22 +299,26 @@ def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
     }
 
 
+def choice_body(
+    index: int, text: str, finish_reason: str, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": text},
+        "finish_reason": finish_reason,
+        "logprobs": logprobs,
+    }
+
+
 def completion_body(
-    completion_id: str, model: str, text: str, finish_reason: str, usage: dict[str, Any]
+    completion_id: str, model: str, choices: list[dict[str, Any]], usage: dict[str, Any]
 ) -> dict[str, Any]:
     return {
         "id": completion_id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": finish_reason,
-                "logprobs": None,
-            }
-        ],
+        "choices": choices,
         "usage": usage,
     }
 
@@ -162,11 +330,16 @@ def chunk_body(
     delta: dict[str, Any] | None,
     finish_reason: str | None = None,
     usage: dict[str, Any] | None = None,
+    *,
+    index: int = 0,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One ``chat.completion.chunk``; ``delta=None`` is the usage-only chunk (choices: [])."""
     choices = []
     if delta is not None:
-        choices = [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
+        choices = [
+            {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}
+        ]
     body: dict[str, Any] = {
         "id": completion_id,
         "object": "chat.completion.chunk",
