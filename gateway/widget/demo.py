@@ -20,7 +20,7 @@ from aiohttp import web
 from gateway.context import STATE
 from gateway.errors import ApiError
 from tenants.errors import TenantExists
-from tenants.schemas import KeyCreate, TenantCreate
+from tenants.schemas import KeyCreate, TenantCreate, parse
 
 DEMO_TENANT = "widget-demo"
 DEMO_PROMPT = "You are the kvgate demo assistant. Answer briefly and kindly."
@@ -103,7 +103,8 @@ class DemoKeys:
                 await state.store.create_tenant(create, actor=ACTOR)
             except TenantExists:
                 pass
-            data = KeyCreate(kind="widget", allowed_origins=[origin])
+            # parse: a Host that makes no valid origin is a 422, like any bad field
+            data = parse(KeyCreate, {"kind": "widget", "allowed_origins": [origin]})
             created = await state.store.create_key(DEMO_TENANT, data, actor=ACTOR)
             keys[origin] = created.key
             self._save(keys)
