@@ -222,7 +222,8 @@ class GatewayProtocol(RequestHandler):
         exc_info = kwargs.get("exc_info")
         exc = exc_info if isinstance(exc_info, BaseException) else None
         detail = stack_summary(exc) if exc is not None else "no exception"
-        log.error("http_server_error", error=detail)
+        # args[0] is aiohttp's fixed template ("Unhandled exception"); its arguments are dropped.
+        log.error("http_server_error", what=str(args[0]) if args else "", error=detail)
 
 
 def _header_timeout() -> ApiError:
