@@ -1,5 +1,6 @@
-"""Pydantic models of the gateway's own JSON answers (chat completions, models, health, errors,
-cache info), for the OpenAPI document (gateway/openapi.py).
+"""Pydantic models of the gateway's own JSON answers (models, health, errors, cache info,
+cluster, widget config and sessions), for the OpenAPI document (gateway/openapi.py); the chat
+answers' models are in gateway/chat/response_models.py.
 
 The views build these bodies directly (the hot path does not validate its own output); the
 schemathesis suite (tests/gateway/test_schemathesis.py) checks every answer against the
@@ -29,63 +30,6 @@ class ErrorBody(_Out):
     """Every error answer (OpenAI's shape)."""
 
     error: ErrorDetail
-
-
-class PromptTokensDetails(_Out):
-    cached_tokens: int = Field(ge=0, description="prompt tokens served from the prefix cache")
-
-
-class Usage(_Out):
-    prompt_tokens: int = Field(ge=0)
-    completion_tokens: int = Field(ge=0)
-    total_tokens: int = Field(ge=0)
-    prompt_tokens_details: PromptTokensDetails
-
-
-class AssistantMessage(_Out):
-    role: Literal["assistant"]
-    content: str | None
-
-
-class Choice(_Out):
-    index: int = Field(ge=0)
-    message: AssistantMessage
-    finish_reason: str | None = Field(description="stop or length")
-    logprobs: dict[str, object] | None
-
-
-class ChatCompletion(_Out):
-    id: str
-    object: Literal["chat.completion"]
-    created: int
-    model: str
-    choices: list[Choice]
-    usage: Usage
-
-
-class ChunkDelta(_Out):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-
-class ChunkChoice(_Out):
-    index: int = Field(ge=0)
-    delta: ChunkDelta
-    finish_reason: str | None
-    logprobs: dict[str, object] | None = None
-
-
-class ChatCompletionChunk(_Out):
-    """One ``data:`` event of a streamed answer; the stream ends with ``data: [DONE]``."""
-
-    id: str
-    object: Literal["chat.completion.chunk"]
-    created: int
-    model: str
-    choices: list[ChunkChoice]
-    usage: Usage | None = Field(
-        default=None, description="only on the last chunk, with stream_options.include_usage"
-    )
 
 
 class Model(_Out):
@@ -136,3 +80,23 @@ class ClusterReport(_Out):
     mode: Literal["in_process", "cluster"]
     workers: list[dict[str, object]]
     tenants: dict[str, dict[str, object]]
+
+
+class WidgetConfig(_Out):
+    """What a widget key's page shows (never secrets)."""
+
+    title: str | None
+    greeting: str | None
+    accent: str | None
+    require_session: bool
+    model: str
+
+
+class WidgetSession(_Out):
+    """A signed session token for one end user on one origin."""
+
+    token: str
+    expires_at: int = Field(description="Unix time")
+    expires_in: int = Field(description="seconds")
+    origin: str
+    end_user_id: str

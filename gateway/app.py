@@ -128,7 +128,8 @@ def create_app(
     add_preflight(app, "/v1/chat/completions", "/v1/models")
     register_widget(app, settings)
     app.router.add_get("/healthz", _healthz)
-    app.router.add_get("/openapi.json", openapi_handler(model_name))
+    openapi = openapi_handler(model_name, widget_demo=settings.widget.demo)
+    app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/readyz", _readyz)
     return app
 

@@ -19,8 +19,10 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from gateway import api_models as am
+from gateway.chat.response_models import ChatCompletion, ChatCompletionChunk
 from gateway.chat.schemas import ChatRequest
 from gateway.errors import Handler
+from gateway.widget.views import SessionIn
 from tenants import schemas as ts
 
 REF = "#/components/schemas/{model}"
@@ -65,6 +67,7 @@ class Operation:
     body: type[BaseModel] | None = None
     query: tuple[Query, ...] = ()
     stream: bool = False  # the 200 may also be an SSE stream of ChatCompletionChunk
+    media: str | None = None  # the success content type when it is not a model's JSON
     links: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # op_id -> params
 
 
@@ -94,7 +97,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "OpenAI chat completion (JSON, or an SSE stream with stream=true)",
         "chat",
         TENANT_KEY,
-        {200: am.ChatCompletion},
+        {200: ChatCompletion},
         (400, 401, 403, 404, 413, 429, 503),
         body=ChatRequest,
         stream=True,
@@ -109,7 +112,23 @@ OPERATIONS: tuple[Operation, ...] = (
         {200: am.Readiness, 503: am.Readiness},
     ),
     Operation(
-        "get", "/openapi.json", "openapi", "this document", "ops", None, {200: None}
+        "get", "/openapi.json", "openapi", "this document", "ops", None, {200: None}, media=JSON
+    ),
+    Operation(
+        "get", "/widget/v1/kvgate-chat.js", "widgetScript",
+        "the embeddable chat widget (ETag; 304 for If-None-Match)", "widget", None,
+        {200: None, 304: None}, media="application/javascript",
+    ),
+    Operation(
+        "get", "/widget/v1/config", "widgetConfig",
+        "what a widget key's page shows (the key in ?key=, checked against Origin)", "widget",
+        None, {200: am.WidgetConfig}, (401, 403, 503),
+        query=(Query("key", {"type": "string"}, "a widget key"),),
+    ),
+    Operation(
+        "post", "/v1/widget/sessions", "createWidgetSession",
+        "a signed session token for one end user on one origin (server keys only)", "widget",
+        TENANT_KEY, {201: am.WidgetSession}, (400, 401, 403, 413, 422, 503), body=SessionIn,
     ),
     _admin(
         "post", f"{ADMIN}/tenants", "createTenant", "create a tenant", {201: ts.TenantOut}, 409,
@@ -118,7 +137,8 @@ OPERATIONS: tuple[Operation, ...] = (
             op: _TENANT_LINK
             for op in (
                 "getTenant", "patchTenant", "deleteTenant", "setSystemPrompt", "listPrompts",
-                "createKey", "listKeys", "setLimits", "getCache",
+                "createKey", "listKeys", "setLimits", "getCache", "getWidget", "setWidget",
+                "rotateWidgetSecret",
             )
         },
     ),
@@ -194,6 +214,19 @@ OPERATIONS: tuple[Operation, ...] = (
         {200: am.CacheInfo}, 404, 422,
     ),
     _admin(
+        "get", f"{_T}/widget", "getWidget", "the widget settings (the secret only as a flag)",
+        {200: ts.WidgetSettingsOut}, 404, 422,
+    ),
+    _admin(
+        "put", f"{_T}/widget", "setWidget", "replace the widget settings",
+        {200: ts.WidgetSettingsOut}, 404, 409, body=ts.WidgetSettingsIn,
+    ),
+    _admin(
+        "post", f"{_T}/widget/rotate-secret", "rotateWidgetSecret",
+        "new session secret: every session token issued so far is revoked",
+        {200: ts.WidgetSettingsOut}, 404, 409, 422,
+    ),
+    _admin(
         "get", f"{ADMIN}/cluster", "getCluster", "workers, health, load and prompt placement",
         {200: am.ClusterReport},
     ),
@@ -202,6 +235,11 @@ OPERATIONS: tuple[Operation, ...] = (
         {200: ts.AuditPage}, 422,
         query=(*_PAGE, Query("tenant", {"type": "string"}, "only this tenant's rows")),
     ),
+)  # fmt: skip
+
+WIDGET_DEMO = Operation(
+    "get", "/widget/demo", "widgetDemo", "demo page with the widget (embedded default only)",
+    "widget", None, {200: None}, (503,), media="text/html",
 )  # fmt: skip
 
 _PATH_PARAMS: dict[str, dict[str, Any]] = {
@@ -221,8 +259,9 @@ def _responses(op: Operation, names: Mapping[type[BaseModel], str]) -> dict[str,
         resp: dict[str, Any] = {"description": "success" if status < 400 else "not ready"}
         if model is not None:
             resp["content"] = _json_content(names[model])
-        elif op.op_id == "openapi":
-            resp["content"] = {JSON: {"schema": {"type": "object"}}}
+        elif op.media is not None and status == 200:
+            schema = {"type": "object"} if op.media == JSON else {"type": "string"}
+            resp["content"] = {op.media: {"schema": schema}}
         if op.stream and status == 200:
             resp["content"][SSE] = {
                 "schema": {"type": "string"},
@@ -268,14 +307,18 @@ def _operation(op: Operation, names: Mapping[type[BaseModel], str]) -> dict[str,
 def _models(operations: tuple[Operation, ...]) -> tuple[list[type[BaseModel]], list[Any]]:
     inputs = [op.body for op in operations if op.body is not None]
     outputs = [m for op in operations for m in op.ok.values() if m is not None]
-    outputs += [am.ErrorBody, am.ChatCompletionChunk]
+    outputs += [am.ErrorBody, ChatCompletionChunk]
     return list(dict.fromkeys(inputs)), list(dict.fromkeys(outputs))
 
 
-def build_document(model_name: str | None = None, version: str = "1") -> dict[str, Any]:
-    """The document; ``model_name`` (the served model id) is given as the example ``model``."""
+def build_document(
+    model_name: str | None = None, *, widget_demo: bool = False, version: str = "1"
+) -> dict[str, Any]:
+    """The document; ``model_name`` (the served model id) is given as the example ``model``;
+    ``widget_demo``: the app serves the widget demo page."""
     assert issubclass(ChatRequest, BaseModel), "the chat request schema must be pydantic"
-    inputs, outputs = _models(OPERATIONS)
+    operations = (*OPERATIONS, WIDGET_DEMO) if widget_demo else OPERATIONS
+    inputs, outputs = _models(operations)
     keyed = [(m, "validation") for m in inputs] + [(m, "serialization") for m in outputs]
     key_map, defs = models_json_schema(keyed, ref_template=REF)  # type: ignore[arg-type]
     names = {m: key_map[(m, mode)]["$ref"].rsplit("/", 1)[1] for m, mode in keyed}
@@ -284,7 +327,7 @@ def build_document(model_name: str | None = None, version: str = "1") -> dict[st
     if model_name is not None:
         chat["properties"]["model"]["examples"] = [model_name]
     paths: dict[str, dict[str, Any]] = {}
-    for op in OPERATIONS:
+    for op in operations:
         paths.setdefault(op.path, {})[op.method] = _operation(op, names)
     return {
         "openapi": "3.1.0",
@@ -315,17 +358,19 @@ def build_document(model_name: str | None = None, version: str = "1") -> dict[st
             {"name": "chat", "description": "OpenAI-compatible API (tenant keys)"},
             {"name": "admin", "description": "tenants, prompts, keys, limits (admin token)"},
             {"name": "ops", "description": "health, readiness, this document"},
+            {"name": "widget", "description": "the embeddable chat widget"},
         ],
     }
 
 
-def openapi_handler(model_name: str | None) -> Handler:
+def openapi_handler(model_name: str | None, *, widget_demo: bool = False) -> Handler:
     """``GET /openapi.json`` for an app serving ``model_name``; built on first request."""
     body: list[bytes] = []
 
     async def openapi_json(request: web.Request) -> web.Response:
         if not body:
-            body.append(json.dumps(build_document(model_name), separators=(",", ":")).encode())
+            doc = build_document(model_name, widget_demo=widget_demo)
+            body.append(json.dumps(doc, separators=(",", ":")).encode())
         return web.Response(body=body[0], content_type=JSON)
 
     return openapi_json

@@ -116,16 +116,22 @@ def _app_routes(app: web.Application) -> set[tuple[str, str]]:
     return out
 
 
+@pytest.mark.parametrize("widget_demo", [False, True])
 def test_every_route_of_the_app_is_documented(
-    doc: dict[str, Any], demo_model_dir: Path, tmp_path: Path
+    widget_demo: bool, demo_model_dir: Path, tmp_path: Path
 ) -> None:
-    settings = make_settings(f"sqlite+aiosqlite:///{tmp_path / 'x.db'}", tmp_path)
-    app = create_app(settings, model_dir=str(demo_model_dir))
+    demo = "true" if widget_demo else "false"
+    url = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
+    app = create_app(
+        make_settings(url, tmp_path, KVGATE_WIDGET_DEMO=demo), model_dir=str(demo_model_dir)
+    )
+    doc = build_document("demo-model", widget_demo=widget_demo)
     documented = {(m, path) for path, item in doc["paths"].items() for m in item}
     served = _app_routes(app)
     assert served - documented == set(), "routes missing from gateway/openapi.py OPERATIONS"
     assert documented - served == set(), "documented routes the app does not serve"
     assert {("get", "/healthz"), ("get", "/readyz"), ("get", "/v1/models")} <= documented
+    assert (("get", "/widget/demo") in documented) == widget_demo
     assert ("get", "/metrics") not in documented  # the metrics listener is not the API
 
 
