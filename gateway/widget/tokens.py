@@ -19,6 +19,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from tenants.schemas import TENANT_ID_RE
+
 PREFIX = "kvws_"
 MAX_TTL_S = 3600
 _DOMAIN = b"kvws1."  # versions the MAC input, so a future format cannot be confused with this one
@@ -87,7 +89,8 @@ def _decode(token: str) -> tuple[str, str, dict[str, Any]]:
 def peek_tenant(token: str) -> str:
     """The tenant id a token claims (unverified: only to look up the secret)."""
     tenant = _decode(token)[2].get("t")
-    if not isinstance(tenant, str) or not tenant:
+    # Checked before it reaches a query: no NUL or other bytes a tenant id cannot hold.
+    if not isinstance(tenant, str) or not TENANT_ID_RE.match(tenant):
         raise SessionTokenError("malformed session token")
     return tenant
 

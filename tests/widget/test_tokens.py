@@ -45,6 +45,13 @@ def test_changed_claims_do_not_verify() -> None:
             tokens.verify(bad, SECRET, now=0.0)
 
 
+def test_claimed_tenant_must_look_like_a_tenant_id() -> None:
+    for tenant in ("a\x00b", "UPPER", "", "x" * 64):
+        token = tokens.sign(SessionClaims(tenant, "k", "https://a.example", "u", 9), SECRET)
+        with pytest.raises(SessionTokenError):
+            tokens.peek_tenant(token)
+
+
 @pytest.mark.parametrize(
     "garbage", ["kvws_", "kvws_.", "kvws_abc", "kvws_!!!.x", "kvws_bnVsbA.x", "kvg_x", "kvws_W10.x"]
 )
