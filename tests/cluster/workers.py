@@ -1,0 +1,57 @@
+"""Worker processes on loopback for the cluster tests (the demo model, a small KV cache)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from gateway.cluster.bootstrap import fetch_bootstrap, tokenizer_from_payload
+from gateway.cluster.engine import ClusterEngine
+from gateway.cluster.loadstats import LoadStats
+from gateway.cluster.local import LocalWorker
+
+TOKEN = "test-worker-token-0123456789"
+KV_CACHE_BYTES = 8 << 20  # demo model: 128 blocks of 16 tokens; pin budget 64 blocks
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
+    env.update(
+        KVGATE_DEVICE="cpu",
+        KVGATE_KV_CACHE_BYTES=str(KV_CACHE_BYTES),
+        KVGATE_LOG_LEVEL="warning",
+        **extra,
+    )
+    return env
+
+
+def start_workers(model_dir: Path, ids: list[str]) -> list[LocalWorker]:
+    """Start the workers in parallel (each imports torch and loads the model)."""
+    with ThreadPoolExecutor(len(ids)) as pool:
+        futures = [
+            pool.submit(
+                LocalWorker.start, str(model_dir), 120, worker_id=w, token=TOKEN, env=worker_env()
+            )
+            for w in ids
+        ]
+        return [f.result() for f in futures]
+
+
+async def stop_all(workers: list[LocalWorker]) -> None:
+    await asyncio.gather(*(w.stop() for w in workers))
+
+
+def stop_workers(workers: list[LocalWorker]) -> None:
+    asyncio.run(stop_all(workers))
+
+
+def cluster_engine(workers: list[LocalWorker], **kwargs: Any) -> ClusterEngine:
+    urls = tuple(w.url for w in workers)
+    info, payload = fetch_bootstrap(urls, TOKEN, 10.0)
+    kwargs.setdefault("health_s", 0.3)
+    stats = LoadStats(None, "", kwargs.pop("load_window_s", 10.0))
+    tokenizer = tokenizer_from_payload(payload)
+    return ClusterEngine(urls, TOKEN, tokenizer=tokenizer, info=info, load_stats=stats, **kwargs)
