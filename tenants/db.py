@@ -101,11 +101,24 @@ def make_session_factory(engine: AsyncEngine) -> SessionFactory:
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
+# SQLSTATE classes and codes of PostgreSQL errors that say "not now" rather than "wrong request":
+# 08 connection exception, 53 insufficient resources (too many connections, out of memory),
+# 57 operator intervention (57014 statement timeout / cancel, shutdown, cannot connect now),
+# 25P03 idle-in-transaction timeout.
+_UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57")
+_UNAVAILABLE_SQLSTATES = ("25P03",)
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """True for failures meaning "the database cannot be reached or used right now"."""
     if isinstance(exc, OperationalError | InterfaceError | OSError | TimeoutError):
         return True
-    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+    if not isinstance(exc, DBAPIError):
+        return False
+    state = str(getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None) or "")
+    if state[:2] in _UNAVAILABLE_SQLSTATE_CLASSES or state in _UNAVAILABLE_SQLSTATES:
+        return True
+    return exc.connection_invalidated
 
 
 def unavailable(exc: BaseException) -> StoreUnavailable:

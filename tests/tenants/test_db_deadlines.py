@@ -1,0 +1,85 @@
+"""Database deadlines: ``within`` bounds the wait even when the cancelled work's clean-up is slow;
+the engine carries the request-path timeouts (SQLite busy timeout, asyncpg command timeout)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+
+from tenants.db import is_unavailable, make_engine, within
+
+
+async def test_within_returns_the_result_in_time() -> None:
+    async def work() -> int:
+        await asyncio.sleep(0.01)
+        return 7
+
+    assert await within(1.0, work()) == 7
+    assert await within(None, work()) == 7
+
+
+async def test_within_does_not_wait_for_a_slow_clean_up() -> None:
+    cleaned: list[bool] = []
+
+    async def stalled() -> None:
+        try:
+            await asyncio.sleep(60)  # a statement the server never answers
+        finally:
+            await asyncio.sleep(0.5)  # a rollback on the dead connection
+            cleaned.append(True)
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await within(0.1, stalled())
+    assert time.monotonic() - started < 0.3
+    assert cleaned == []  # still cleaning up, in the background
+    await asyncio.sleep(0.6)
+    assert cleaned == [True]
+
+
+async def test_within_cancels_the_work_when_the_caller_is_cancelled() -> None:
+    state: list[str] = []
+
+    async def work() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            state.append("cancelled")
+            raise
+
+    caller = asyncio.create_task(within(10.0, work()))
+    await asyncio.sleep(0.05)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await asyncio.sleep(0)
+    assert state == ["cancelled"]
+
+
+async def test_sqlite_busy_timeout_is_the_deadline(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite+aiosqlite:///{tmp_path / 'x.db'}", timeout_s=0.75)
+    try:
+        async with engine.connect() as conn:
+            assert (await conn.execute(text("PRAGMA busy_timeout"))).scalar() == 750
+    finally:
+        await engine.dispose()
+
+
+async def test_postgresql_statements_end_at_the_deadline(postgresql_url: str) -> None:
+    engine = make_engine(postgresql_url, timeout_s=0.5)
+    try:
+        async with engine.connect() as conn:
+            timeout = (await conn.execute(text("SHOW statement_timeout"))).scalar()
+            assert timeout == "500ms"
+            started = time.monotonic()
+            with pytest.raises(DBAPIError) as err:
+                await conn.execute(text("SELECT pg_sleep(5)"))
+            assert time.monotonic() - started < 1.5
+            assert is_unavailable(err.value)  # a stalled statement counts as an outage
+    finally:
+        await engine.dispose()
