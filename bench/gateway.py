@@ -5,6 +5,11 @@ Side by side in one run, interleaved request by request (so machine noise hits b
     direct    AsyncEngine.generate(prompt ids, namespace=tenant salt)      (no HTTP)
     gateway   POST /v1/chat/completions on loopback (auth, prompt assembly, rate limit, engine,
               JSON), once with the Redis limiter and once with the in-process limiter
+    workers   the same gateway (Redis limiter) with its engine in a worker process, as
+              ``kvgate serve`` runs it (gateway/cluster/ -> engine/worker/ over loopback HTTP)
+
+``worker_hop`` isolates the worker protocol: ``ClusterEngine.generate`` (no gateway) against the
+in-process engine, and the cost of encoding + decoding one output frame.
 
 The client runs on the server's event loop (the direct call has to), so its CPU is charged to the
 gateway. The added latency is measured with a minimal HTTP/1.1 client (``bench/http_client.py``)
@@ -237,6 +242,7 @@ async def _count_redis_commands(redis_url: str, setup: _Setup, model: str, n: in
 async def _limiter_rtt(redis_url: str, n: int = 200) -> dict[str, float]:
     """Bare admission latency of the Redis limiter (one EVALSHA), for context."""
     from gateway.ratelimit import Limits, RedisLimiter, make_client
+    from gateway.ratelimit.types import Lease
 
     lim = RedisLimiter(make_client(redis_url, 2.0), "kvgate-bench:")
     await lim.warm()
@@ -244,7 +250,7 @@ async def _limiter_rtt(redis_url: str, n: int = 200) -> dict[str, float]:
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
-        d = await lim.acquire("rtt", limits, 100)
+        d = await lim.acquire(Lease.single("rtt", limits, 100))
         times.append(time.perf_counter() - t0)
         assert d.lease is not None
         await lim.release(d.lease, 50)
@@ -266,7 +272,12 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     setups: dict[str, _Setup] = {}
     engine = AsyncEngine.from_pretrained(model_dir, device="cpu", kv_cache_bytes=64 << 20)
     try:
-        for name, extra in (("redis", {"KVGATE_REDIS_URL": redis.url}), ("in_process", {})):
+        runs = (
+            ("redis", {"KVGATE_REDIS_URL": redis.url}),
+            ("in_process", {}),
+            ("workers", {"KVGATE_REDIS_URL": redis.url}),
+        )
+        for name, extra in runs:
             db = f"sqlite+aiosqlite:///{tmp}/{name}.db"
             await upgrade_to_head(db)
             env = {
@@ -277,7 +288,9 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 **extra,
             }
             # One engine for all: the app that starts it first owns it; the others reuse it.
-            setups[name] = await _start(Settings.from_env(env), engine)
+            settings = Settings.from_env(env)
+            own = _worker_engine(model_dir, settings) if name == "workers" else engine
+            setups[name] = await _start(settings, own)
             async with aiohttp.ClientSession() as http:
                 await _make_tenant(setups[name], http, f"bench-{name.replace('_', '-')}")
         model = model_dir.resolve().name
@@ -286,11 +299,54 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             redis.url, setups["redis"], model, 20
         )
         results["redis_limiter_alone"] = await _limiter_rtt(redis.url)
+        results["worker_hop"] = await _worker_hop(engine, setups["workers"], args)
         return results
     finally:
         for setup in reversed(list(setups.values())):
             await setup.runner.cleanup()
         redis.stop()
+
+
+def _worker_engine(model_dir: Path, settings: Any) -> Any:
+    """A ClusterEngine over one local worker process (the ``kvgate serve`` default)."""
+    from gateway.cluster.bootstrap import open_cluster
+
+    # the worker reads its engine settings from the environment, as `kvgate worker` does
+    os.environ.update(KVGATE_DEVICE="cpu", KVGATE_KV_CACHE_BYTES=str(64 << 20))
+    return open_cluster(settings, str(model_dir))
+
+
+async def _worker_hop(engine: Any, setup: _Setup, args: argparse.Namespace) -> dict[str, float]:
+    """ClusterEngine.generate vs AsyncEngine.generate, interleaved; and the frame codec."""
+    from engine import SamplingParams
+    from gateway.context import STATE
+
+    cluster = setup.app[STATE].engine
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    diffs, hops = [], []
+    for _ in range(args.requests * 2):
+        d = await _direct(engine, setup, params)
+        c = await _direct(cluster, setup, params)
+        diffs.append(c - d)
+        hops.append(c)
+    return {
+        "cluster_generate_p50_ms": statistics.median(hops) * 1e3,
+        "added_p50_ms": statistics.median(diffs) * 1e3,
+        "added_p90_ms": statistics.quantiles(diffs, n=10)[-1] * 1e3,
+        "frame_codec_us": _frame_codec_us(),
+    }
+
+
+def _frame_codec_us(n: int = 20000) -> float:
+    """Encode + decode of one decode-step output frame (one token, timings absent), in µs."""
+    from engine.outputs import RequestMetrics, RequestOutput
+    from engine.worker import wire
+
+    out = RequestOutput("r", 30, (1, 2, 3), (3,), 16, False, None, RequestMetrics(0.0))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        wire.decode(wire.frame(wire.output_to_wire(out, first=False)))
+    return (time.perf_counter() - t0) / n * 1e6
 
 
 class _PrivateRedis:
@@ -329,7 +385,7 @@ def _table(results: dict[str, Any]) -> str:
     rows = ["| limiter | client | direct p50 ms | gateway p50 ms | added p50 ms (min-max) |"
             " added p90 ms |"]
     rows.append("| --- | --- | --- | --- | --- | --- |")
-    for name in ("redis", "in_process"):
+    for name in ("redis", "in_process", "workers"):
         r = results[name]
         for client, sfx in (("minimal", ""), ("aiohttp", "_aiohttp_client")):
             added = r[f"added_p50_ms{sfx}"]
@@ -372,6 +428,11 @@ def main(argv: Sequence[str]) -> int:
     results["redis_round_trips"]["per_request"] = per_request
     print(_table(results))
     print(f"Redis commands per request (MONITOR, client side): {per_request}")
+    hop = results["worker_hop"]
+    print(
+        f"Worker hop (ClusterEngine vs AsyncEngine): +{hop['added_p50_ms']:.2f} ms p50, "
+        f"+{hop['added_p90_ms']:.2f} ms p90; frame codec {hop['frame_codec_us']:.1f} us"
+    )
     rtt = results["redis_limiter_alone"]
     print(
         f"Redis limiter alone: acquire p50 {rtt['acquire_p50_ms']:.3f} ms, "
