@@ -42,7 +42,10 @@ def make_engine(
     connect_s = connect_timeout_s if timeout_s is None else min(connect_timeout_s, timeout_s)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        return _sqlite_engine(url, parsed.database, timeout_s or connect_timeout_s, **kwargs)
+        db = parsed.database
+        if timeout_s is not None and db and db != ":memory:":
+            kwargs.setdefault("pool_timeout", timeout_s)  # a queue pool only for files
+        return _sqlite_engine(url, db, timeout_s or connect_timeout_s, **kwargs)
     connect_args: dict[str, Any] = {"timeout": connect_s}  # asyncpg's connect timeout
     if timeout_s is not None:
         ms = str(int(timeout_s * 1000))
