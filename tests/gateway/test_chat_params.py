@@ -217,9 +217,18 @@ async def test_logit_bias_forces_and_bans(
     assert info.value.body["param"] == "logit_bias"  # type: ignore[index]
 
 
-async def test_user_is_accepted(gw: LiveGateway, client: openai.AsyncOpenAI) -> None:
+async def test_user_is_recorded(
+    gw: LiveGateway, client: openai.AsyncOpenAI, capfd: pytest.CaptureFixture[str]
+) -> None:
     resp = await _create(gw, client, user="visitor-42", max_tokens=1)
     assert resp.usage.completion_tokens == 1
+    out: list[str] = []
+
+    def logged() -> bool:  # the log line is written once the answer is out
+        out.extend(capfd.readouterr().out.splitlines())
+        return any("chat_request" in ln and "visitor-42" in ln for ln in out)
+
+    await wait_for(logged, timeout=2.0)
 
 
 @pytest.mark.parametrize(
