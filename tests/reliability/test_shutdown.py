@@ -82,18 +82,19 @@ async def test_sigterm_with_long_streams_exits_in_time_and_ends_every_stream(
             "KVGATE_ADMIN_TOKEN": ADMIN_TOKEN,
             "KVGATE_SHUTDOWN_TIMEOUT_S": str(SHUTDOWN_TIMEOUT_S),
             "KVGATE_MODEL_NAME": "demo-model",
-            "KVGATE_KV_CACHE_BYTES": str(32 << 20),  # room for every long stream at once
+            "KVGATE_KV_CACHE_BYTES": str(64 << 20),  # room for every long stream at once
         },
     )
     proc.start()
     try:
         await proc.wait_ready()
         async with aiohttp.ClientSession() as http:
-            limits = {"max_output_tokens": 1500, "max_concurrency": 16}
+            limits = {"max_output_tokens": 4000, "max_concurrency": 16}
             await admin(http, proc.url, "/tenants", {"id": "tt", "name": "t", "limits": limits})
             key = (await admin(http, proc.url, "/tenants/tt/keys", {"kind": "server"}))["key"]
             flags = [asyncio.Event() for _ in range(LONG_STREAMS + SHORT_STREAMS)]
-            lengths = [1500] * LONG_STREAMS + [3] * SHORT_STREAMS
+            # The long ones take far longer than T on any machine; the short ones finish.
+            lengths = [4000] * LONG_STREAMS + [3] * SHORT_STREAMS
             tasks = [
                 asyncio.create_task(stream(http, proc.url, key, n, flag))
                 for n, flag in zip(lengths, flags, strict=True)
