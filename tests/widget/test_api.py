@@ -266,3 +266,22 @@ async def test_demo_page_creates_tenant_and_key_once(
     async with live_gateway(make_settings(gateway_database, tmp_path), demo_model_dir) as gw:
         status, _, _ = await request(gw, "GET", "/widget/demo")
         assert status == 404
+
+
+async def test_visitor_limits_apply_per_session_end_user(gw: LiveGateway) -> None:
+    """The admin route's visitor limits reach the limiter, keyed on the token's end user."""
+    t = await widget_tenant(gw, "visit", [SITE])
+    await gw.admin("PUT", f"/tenants/{t.id}/widget", {"visitor_limits": {"rpm": 1}})
+    chat = chat_body(gw, ("user", "hi"))
+
+    async def ask(user: str) -> tuple[int, str | None]:
+        _, session = await new_session(gw, t.server_key, SITE, user=user)
+        bearer = f"Bearer {session['token']}"
+        status, headers, _ = await request(
+            gw, "POST", "/v1/chat/completions", json=chat, Authorization=bearer, Origin=SITE
+        )
+        return status, headers.get("x-ratelimit-scope")
+
+    assert (await ask("alice"))[0] == 200
+    assert await ask("alice") == (429, "visitor")  # a new token, the same end user
+    assert (await ask("bob"))[0] == 200
