@@ -94,7 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = _tenant_cmd(sub, "create-key", "create an API key (printed once)")
     p.add_argument("--kind", choices=("server", "widget"), required=True)
-    p.add_argument("--origin", action="append", default=[], dest="origins", help="widget origin")
+    p.add_argument(
+        "--origin",
+        action="append",
+        default=[],
+        dest="origins",
+        help="an origin (https://host[:port]) a widget key may be used from; repeat for more; "
+        "a widget key needs at least one",
+    )
     _add_limits(p, KEY_LIMIT_OPTS)
     _tenant_cmd(sub, "list-keys", "list a tenant's keys with their limits (never the keys)")
     p = _tenant_cmd(sub, "revoke-key", "revoke an API key")
