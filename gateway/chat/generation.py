@@ -164,6 +164,8 @@ class Generation:
             await self.close()
         if self.stats.finish_reason == "stop_string":
             self.stats.finish_reason = "stop"
+            if self._on_update is not None:
+                self._on_update()
         yield Piece(self.index, "", (), self.stats.finish_reason or "stop")
 
     def _take_logprobs(self) -> tuple[TokenLogprob, ...]:
