@@ -170,8 +170,8 @@ async def _serve(
             request_id=rid,
             stops=body.stop_strings,
         )
-        obs.stats = gen.stats  # recorded whatever ends the request
         await gen.start()
+        obs.stats = gen.stats  # admitted by the engine: recorded whatever ends the request
         if body.stream:
             return await _stream(request, gen, body, rid, headers, obs), gen.stats
         return await _complete(request, gen, body, rid, headers, obs), gen.stats
