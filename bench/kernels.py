@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -352,19 +353,25 @@ def _config(args: argparse.Namespace, dev: torch.device, dtype: torch.dtype, w: 
     return cfg
 
 
+def use_interpreter() -> bool:
+    """Select Triton's CPU interpreter; possible only before ``triton`` is first imported (it
+    fixes the mode at import). False when it was already imported in compiled mode."""
+    if "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+        return True
+    import triton
+
+    return bool(triton.knobs.runtime.interpret)
+
+
 def main(argv: Sequence[str]) -> int:
     args = _args(argv)
     if args.dry_run:
-        # kernels read TRITON_INTERPRET at their first launch in a mode (lazy jit); restored after
-        previous = os.environ.get("TRITON_INTERPRET")
-        os.environ["TRITON_INTERPRET"] = "1"
-        try:
-            return run(args, torch.device("cpu"), torch.float32, DRY_WORKLOAD)
-        finally:
-            if previous is None:
-                del os.environ["TRITON_INTERPRET"]
-            else:
-                os.environ["TRITON_INTERPRET"] = previous
+        if not use_interpreter():
+            print("kvgate bench kernels --dry-run: triton was already imported in compiled mode; "
+                  "run it in a fresh process or with TRITON_INTERPRET=1")  # fmt: skip
+            return 2
+        return run(args, torch.device("cpu"), torch.float32, DRY_WORKLOAD)
     if not torch.cuda.is_available():
         print("kvgate bench kernels: needs a CUDA device (or --dry-run)")
         return 2
@@ -395,6 +402,4 @@ def run(args: argparse.Namespace, dev: torch.device, dtype: torch.dtype, w: Work
 
 
 if __name__ == "__main__":
-    import sys
-
     raise SystemExit(main(sys.argv[1:]))

@@ -1,13 +1,15 @@
 """Kernel tests run on CUDA when present, else on the CPU through Triton's interpreter.
 
-Triton reads TRITON_INTERPRET when a kernel is decorated; engine.kernels.triton decorates on first
-launch (see engine/kernels/triton/_common.py), so setting it here, before any test launches a
-kernel, works whatever was imported earlier.
+Triton fixes the mode (compiled or interpreted) when a kernel or its own standard library is
+decorated, i.e. at import: ``TRITON_INTERPRET`` is set here, before any module of this package
+imports ``triton``. If something imported ``triton`` earlier in compiled mode on a machine without
+CUDA, the run stops with a message instead of failing every kernel test obscurely.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -15,7 +17,12 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 
 if not HAS_CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise pytest.UsageError(
+            "triton was imported before tests/kernels/conftest.py set TRITON_INTERPRET=1; "
+            "run with TRITON_INTERPRET=1 in the environment"
+        )
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

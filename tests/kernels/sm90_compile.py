@@ -21,7 +21,7 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 from engine.kernels.triton import decode, prefill
-from engine.kernels.triton._common import LazyKernel, Tiles
+from engine.kernels.triton._common import Tiles
 from engine.kernels.triton.norm import _rms_norm_kernel
 from engine.kernels.triton.rope import _rope_kernel
 from engine.kernels.triton.store_kv import _store_kv_kernel
@@ -48,10 +48,11 @@ def _arg_type(name: str, dtype: str) -> str:
     return "fp32" if name in ("scale_log2", "eps") else "i32"
 
 
-def compile_sm90(kernel: LazyKernel, dtype: str, consts: dict, tiles: Tiles) -> dict[str, int]:
-    """Compile like the JIT does for 16-byte aligned tensors and strides; returns the cubin's
-    resource usage (REG, STACK, LOCAL, SHARED, DYNAMIC_SHARED)."""
-    fn = JITFunction(kernel.fn)  # compiled even while the suite runs under the interpreter
+def compile_sm90(kernel: JITFunction, dtype: str, consts: dict, tiles: Tiles) -> dict[str, int]:
+    """Compile like the JIT does for 16-byte aligned tensors (runtime integers are
+    ``do_not_specialize``); returns the cubin's resource usage (REG, STACK, LOCAL, SHARED,
+    DYNAMIC_SHARED). Run in a process that imported triton without the interpreter."""
+    fn = kernel
     names = fn.arg_names
     declared = {names[i] for i in fn.constexprs}
     if declared != set(consts):
@@ -62,6 +63,7 @@ def compile_sm90(kernel: LazyKernel, dtype: str, consts: dict, tiles: Tiles) -> 
         for i, n in enumerate(names)
         if n not in consts
         and n not in NOT_ALIGNED
+        and not fn.params[i].do_not_specialize
         and (n.endswith("_ptr") or n.startswith("stride"))
     }
     options = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
@@ -89,7 +91,7 @@ def _attention_consts(tiles: Tiles, head_dim: int, dtype: str) -> dict:
     }  # fmt: skip
 
 
-def production_configs() -> dict[str, tuple[LazyKernel, str, dict, Tiles]]:
+def production_configs() -> dict[str, tuple[JITFunction, str, dict, Tiles]]:
     """The GPU launch shapes of every kernel (both head dims, decode and cascade tiles)."""
     out = {}
     extend = ((64, 2048, "fp16", True), (128, 2048, "bf16", False), (128, 64, "fp16", True),
@@ -113,7 +115,7 @@ def production_configs() -> dict[str, tuple[LazyKernel, str, dict, Tiles]]:
             "DIRECT": direct, "MERGE_SHARED": merge,
         }  # fmt: skip
         out[name] = (decode._split_kv_kernel, "bf16", consts, tiles)
-    merge_consts = {"HEAD_DIM": 128, "BLOCK_P": 32}
+    merge_consts = {"HEAD_DIM": 128, "BLOCK_P": decode.MERGE_BLOCK_P}
     out["merge"] = (decode._merge_kernel, "fp16", merge_consts, Tiles(1, 1, 2, 1))
     store_consts = {"BLOCK_SIZE": 16, "HEAD_DIM": 64, "BLOCK_H": 2}
     out["store_kv"] = (_store_kv_kernel, "bf16", store_consts, Tiles(1, 1, 4, 1))

@@ -1,37 +1,98 @@
-"""Shared plumbing of the Triton kernels: lazy JIT, argument checks, tile configuration.
+"""Shared plumbing of the Triton kernels: launches, argument checks, tile configuration.
 
-Why kernels are compiled lazily: ``triton.jit`` decides at *decoration* time whether a function
-becomes a compiled ``JITFunction`` or an ``InterpretedFunction`` (it reads ``TRITON_INTERPRET``
-through ``triton.knobs.runtime.interpret``). Decorating at import would freeze that choice at
-whatever moment this package happened to be imported. ``lazy_jit`` applies ``triton.jit`` on the
-first launch instead, once per mode, so setting ``TRITON_INTERPRET=1`` any time before the first
-launch (for example in a test ``conftest.py``) is enough, whatever the import order.
+Kernels are plain ``@triton.jit`` functions. Triton decides at decoration time whether a kernel
+is compiled or interpreted (``TRITON_INTERPRET=1``, read through ``triton.knobs``), and so does
+its standard library (``tl.max``, ``tl.sum``): the flag must be set before ``triton`` is first
+imported (tests do it in ``tests/kernels/conftest.py``; ``python -m bench.kernels --dry-run``
+before its first import of the kernels).
 
-Triton's own library functions are ``@jit`` functions too (``tl.max``, ``tl.sum``, ``tl.zeros`` in
-``triton.language.standard``), decorated once, for the mode active when ``triton`` is first
-imported; an interpreted kernel calling a compiled one fails. So kernels call no ``@jit`` function:
-they use builtins (``tl.full``) and ``tl.reduce`` with the standard combine functions ``MAX`` and
-``SUM``, which the interpreter maps to numpy by identity (whichever mode they were decorated for)
-and the compiler inlines. Compiling still needs ``triton`` imported without the interpreter.
+Every launch goes through :func:`launch`, which records the kernel *variant* it needs (what
+Triton keys its compile cache on: the constexprs, launch options, argument dtypes and pointer
+alignment; runtime integers are ``do_not_specialize`` so their values never add variants).
+``engine/warmup.py`` launches every variant a model geometry can reach before the engine reports
+ready; ``VARIANTS`` lets tests (under the interpreter, where nothing compiles) check that a
+workload after warm-up needs no new variant.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
 import torch
 import triton
-import triton.language as tl
 
 from engine.kernels.metadata import AttentionMetadata
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INT32_MAX = 2**31 - 1
 
-# combine functions for tl.reduce (row max / row sum); see the module docstring
-MAX = tl.standard._elementwise_max
-SUM = tl.standard._sum_combine
+VariantKey = tuple[Hashable, ...]
+
+
+class VariantLog:
+    """The kernel variants launched in this process (a model of Triton's compile cache)."""
+
+    def __init__(self) -> None:
+        self.seen: set[VariantKey] = set()
+
+    def note(self, key: VariantKey) -> bool:
+        """Record ``key``; True when it is new (Triton would compile it now)."""
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+    def __len__(self) -> int:
+        return len(self.seen)
+
+
+VARIANTS = VariantLog()
+
+
+def _unspecialized(kernel: Any) -> set[str]:
+    """Argument names the kernel was declared ``do_not_specialize`` on (compiled or interpreted)."""
+    names = getattr(kernel, "do_not_specialize", None)
+    if names is None:  # an InterpretedFunction keeps the decorator's keywords
+        names = getattr(kernel, "kwargs", {}).get("do_not_specialize")
+    return {n for n in names or () if isinstance(n, str)}
+
+
+def _arg_signature(arg: Any, specialize: bool) -> Hashable:
+    """What Triton's specialization sees of one argument."""
+    if isinstance(arg, torch.Tensor):
+        return (arg.dtype, arg.data_ptr() % 16 == 0)
+    if isinstance(arg, bool):
+        return ("bool", arg)
+    if isinstance(arg, int):
+        width = "i32" if -INT32_MAX - 1 <= arg <= INT32_MAX else "i64"
+        return (width, arg == 1, arg % 16 == 0) if specialize else width
+    return type(arg).__name__
+
+
+def variant_key(
+    kernel: Any, args: Sequence[Any], constexprs: dict[str, Any], num_warps: int, num_stages: int
+) -> VariantKey:
+    names = kernel.arg_names
+    fixed = _unspecialized(kernel)
+    sig = tuple(_arg_signature(a, n not in fixed) for n, a in zip(names, args, strict=False))
+    consts = tuple(sorted((k, str(v)) for k, v in constexprs.items()))
+    return (kernel.__name__, consts, sig, num_warps, num_stages)
+
+
+def launch(
+    kernel: Any,
+    grid: tuple[int, ...],
+    args: Sequence[Any],
+    *,
+    num_warps: int = 4,
+    num_stages: int = 3,
+    **constexprs: Any,
+) -> None:
+    """``kernel[grid](*args, **constexprs)``, recording the variant it needs."""
+    VARIANTS.note(variant_key(kernel, args, constexprs, num_warps, num_stages))
+    kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
 
 
 class Tiles(NamedTuple):
@@ -51,26 +112,6 @@ INTERPRETER_TILES = Tiles(16, 16, 4, 1)
 def interpreting() -> bool:
     """True when Triton runs kernels with its CPU interpreter (``TRITON_INTERPRET=1``)."""
     return bool(triton.knobs.runtime.interpret)
-
-
-class LazyKernel:
-    """A Triton kernel that is decorated with ``triton.jit`` on first launch, once per mode."""
-
-    def __init__(self, fn: Callable[..., None]) -> None:
-        self.fn = fn
-        self._built: dict[bool, Any] = {}
-
-    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., Any]:
-        mode = interpreting()
-        kernel = self._built.get(mode)
-        if kernel is None:
-            kernel = triton.jit(self.fn)
-            self._built[mode] = kernel
-        return kernel[grid]
-
-
-def lazy_jit(fn: Callable[..., None]) -> LazyKernel:
-    return LazyKernel(fn)
 
 
 def next_pow2(n: int) -> int:

@@ -29,23 +29,29 @@ import triton.language as tl
 from engine.kernels.metadata import AttentionMetadata
 from engine.kernels.triton._common import (
     INTERPRETER_TILES,
-    MAX,
-    SUM,
     Tiles,
     check_kv_cache,
     check_metadata,
     check_query,
     dot_options,
     interpreting,
-    lazy_jit,
+    launch,
     next_pow2,
     num_sms,
 )
+from engine.kernels.triton.tile_ops import load_kv_tile, merge_partial, online_softmax_update
 
 LOG2E = 1.4426950408889634
+MERGE_BLOCK_P = 16  # partials merged per loop iteration (one merge variant for any split count)
+# values that change from step to step (strides are fixed by the model geometry and stay
+# specialized: their 16-divisibility is what lets the K/V loads vectorize)
+_SPLIT_KV_RUNTIME_INTS = [
+    "num_shared_parts", "kv_lo", "kv_hi", "split_size", "num_splits", "part_base", "num_tokens",
+    "stride_bt",
+]  # fmt: skip
 
 
-@lazy_jit
+@triton.jit(do_not_specialize=_SPLIT_KV_RUNTIME_INTS)
 def _split_kv_kernel(
     q_ptr,
     k_ptr,
@@ -123,22 +129,13 @@ def _split_kv_kernel(
     for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         pos_ok = pos < hi
-        block = tl.load(bt_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
-        k_off = block * stride_kb + (pos % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
-        v_off = block * stride_vb + (pos % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
-        k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = load_kv_tile(
+            k_ptr, v_ptr, bt_row, pos, pos_ok, kv_head, d, stride_kb, stride_ks, stride_kh,
+            stride_vb, stride_vs, stride_vh, BLOCK_SIZE, UPCAST,
+        )  # fmt: skip
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         s = tl.where(pos_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.reduce(s, 1, MAX))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.reduce(p, 1, SUM)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_update(s, v, m_i, l_i, acc, PRECISION)
     if MERGE_SHARED:  # fold in cascade's shared-prefix partials (same rows, same units)
         for part in range(0, num_shared_parts):
             p_row = (part * num_tokens + tok).to(tl.int64) * num_heads + head
@@ -148,13 +145,7 @@ def _split_kv_kernel(
                 mask=row_ok[:, None],
                 other=0.0,
             )
-            m_new = tl.maximum(m_i, lse_p)
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_ref)
-            beta = tl.exp2(lse_p - m_ref)
-            acc = acc * alpha[:, None] + o_p * beta[:, None]
-            l_i = l_i * alpha + beta
-            m_i = m_new
+            m_i, l_i, acc = merge_partial(m_i, l_i, acc, lse_p, o_p)
     nonempty = l_i > 0.0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     if DIRECT:  # the only split: part_o_ptr is the output [T, Hq, D] itself
@@ -169,7 +160,7 @@ def _split_kv_kernel(
         tl.store(part_lse_ptr + part_row, lse, mask=row_ok)
 
 
-@lazy_jit
+@triton.jit(do_not_specialize=["num_parts", "num_tokens"])
 def _merge_kernel(
     part_o_ptr,
     part_lse_ptr,
@@ -184,19 +175,29 @@ def _merge_kernel(
 ):
     t = tl.program_id(0)
     h = tl.program_id(1)
-    p = tl.arange(0, BLOCK_P)
     d = tl.arange(0, HEAD_DIM)
-    p_ok = p < num_parts
-    part_row = (p * num_tokens + t).to(tl.int64) * num_heads + h
-    lse = tl.load(part_lse_ptr + part_row, mask=p_ok, other=float("-inf"))
-    m = tl.reduce(lse, 0, MAX)
+    m_vec = tl.full([BLOCK_P], float("-inf"), tl.float32)
+    for p0 in range(0, num_parts, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)
+        part_row = (p * num_tokens + t).to(tl.int64) * num_heads + h
+        lse = tl.load(part_lse_ptr + part_row, mask=p < num_parts, other=float("-inf"))
+        m_vec = tl.maximum(m_vec, lse)
+    m = tl.max(m_vec, 0)
     m = tl.where(m == float("-inf"), 0.0, m)  # every partial empty: all weights 0, output 0
-    w = tl.exp2(lse - m)
-    o = tl.load(
-        part_o_ptr + part_row[:, None] * HEAD_DIM + d[None, :], mask=p_ok[:, None], other=0.0
-    )
-    total = tl.reduce(w, 0, SUM)
-    merged = tl.reduce(o * w[:, None], 0, SUM) / tl.where(total > 0.0, total, 1.0)
+    total = tl.full([BLOCK_P], 0.0, tl.float32)
+    acc = tl.full([BLOCK_P, HEAD_DIM], 0.0, tl.float32)
+    for p0 in range(0, num_parts, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)
+        p_ok = p < num_parts
+        part_row = (p * num_tokens + t).to(tl.int64) * num_heads + h
+        w = tl.exp2(tl.load(part_lse_ptr + part_row, mask=p_ok, other=float("-inf")) - m)
+        o = tl.load(
+            part_o_ptr + part_row[:, None] * HEAD_DIM + d[None, :], mask=p_ok[:, None], other=0.0
+        )
+        total += w
+        acc += o * w[:, None]
+    total_sum = tl.sum(total, 0)
+    merged = tl.sum(acc, 0) / tl.where(total_sum > 0.0, total_sum, 1.0)
     dst = out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + d
     tl.store(dst, merged.to(out_ptr.dtype.element_ty))
 
@@ -287,25 +288,44 @@ def split_kv_partials(
     dst = out if out is not None else part_o
     shared_o, shared_lse = merge_with if merge_with is not None else (part_o, part_lse)
     num_shared = shared_o.shape[0] if merge_with is not None else 0
-    _split_kv_kernel[grid](
+    args = (
         q, k_cache, v_cache, segs.block_tables, seg_q, seg_kv, dst, part_lse, shared_o,
         shared_lse, num_shared, scale * LOG2E, segs.kv_lo, segs.kv_hi, split_size, num_splits,
         part_base, num_tokens, num_heads, q.stride(0), q.stride(1), dst.stride(0), dst.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], segs.block_tables.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_SIZE=block_size, PRECISION=precision, UPCAST=upcast, SINGLE_SEGMENT=single,
-        DIRECT=out is not None, MERGE_SHARED=merge_with is not None, num_warps=num_warps,
-        num_stages=num_stages,
     )  # fmt: skip
+    launch(
+        _split_kv_kernel,
+        grid,
+        args,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_SIZE=block_size,
+        PRECISION=precision,
+        UPCAST=upcast,
+        SINGLE_SEGMENT=single,
+        DIRECT=out is not None,
+        MERGE_SHARED=merge_with is not None,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
 
 
 def merge_partials(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor) -> None:
     """out[t, h] = log-sum-exp weighted mean of the partials ``part_o[:, t, h]``."""
     num_parts, num_tokens, num_heads, head_dim = part_o.shape
-    _merge_kernel[(num_tokens, num_heads)](
-        part_o, part_lse, out, num_parts, num_tokens, num_heads, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_P=next_pow2(num_parts), num_warps=1 if head_dim <= 64 else 2,
-    )  # fmt: skip
+    args = (part_o, part_lse, out, num_parts, num_tokens, num_heads, out.stride(0), out.stride(1))
+    launch(
+        _merge_kernel,
+        (num_tokens, num_heads),
+        args,
+        HEAD_DIM=head_dim,
+        BLOCK_P=MERGE_BLOCK_P,
+        num_warps=1 if head_dim <= 64 else 2,
+        num_stages=1,
+    )
 
 
 def new_partials(num_parts: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,12 +11,13 @@ input dtype, then multiplied by the weight.
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
-from engine.kernels.triton._common import SUM, SUPPORTED_DTYPES, check_device, lazy_jit, next_pow2
+from engine.kernels.triton._common import SUPPORTED_DTYPES, check_device, launch, next_pow2
 
 
-@lazy_jit
+@triton.jit  # every integer argument is fixed by the model geometry
 def _rms_norm_kernel(
     x_ptr,
     res_ptr,
@@ -41,7 +42,7 @@ def _rms_norm_kernel(
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
         tl.store(h_ptr + row * stride_h + cols, x, mask=ok)
     xf = x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.reduce(xf * xf, 0, SUM) / hidden + eps)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / hidden + eps)
     normed = (xf * rstd).to(x.dtype).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_o + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=ok)
@@ -72,9 +73,17 @@ def rms_norm(
     if x.shape[0]:
         block = next_pow2(x.shape[1])
         res = residual if residual is not None else x
-        _rms_norm_kernel[(x.shape[0],)](
+        args = (
             x, res, weight, out, h, x.shape[1], eps, x.stride(0), res.stride(0), out.stride(0),
-            h.stride(0), BLOCK=block, HAS_RESIDUAL=residual is not None,
-            num_warps=min(16, max(1, block // 256)),
+            h.stride(0),
         )  # fmt: skip
+        launch(
+            _rms_norm_kernel,
+            (x.shape[0],),
+            args,
+            BLOCK=block,
+            HAS_RESIDUAL=residual is not None,
+            num_warps=min(16, max(1, block // 256)),
+            num_stages=1,
+        )
     return (out, h) if residual is not None else out

@@ -21,21 +21,22 @@ import triton.language as tl
 from engine.kernels.metadata import AttentionMetadata
 from engine.kernels.triton._common import (
     INTERPRETER_TILES,
-    MAX,
-    SUM,
     Tiles,
     check_kv_cache,
     check_metadata,
     check_query,
     dot_options,
     interpreting,
-    lazy_jit,
+    launch,
 )
+from engine.kernels.triton.tile_ops import load_kv_tile, online_softmax_update
 
 LOG2E = 1.4426950408889634
+# values that change from step to step; strides are fixed by the geometry and stay specialized
+_EXTEND_RUNTIME_INTS = ["kv_lo", "stride_bt"]
 
 
-@lazy_jit
+@triton.jit(do_not_specialize=_EXTEND_RUNTIME_INTS)
 def _extend_kernel(
     q_ptr,
     k_ptr,
@@ -99,24 +100,15 @@ def _extend_kernel(
     for start in range(kv_lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         pos_ok = pos < hi
-        block = tl.load(bt_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
-        k_off = block * stride_kb + (pos % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
-        v_off = block * stride_vb + (pos % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
-        k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = load_kv_tile(
+            k_ptr, v_ptr, bt_row, pos, pos_ok, kv_head, d, stride_kb, stride_ks, stride_kh,
+            stride_vb, stride_vs, stride_vh, BLOCK_SIZE, UPCAST,
+        )  # fmt: skip
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         if start + BLOCK_N > causal_from:
             s = tl.where(pos[None, :] <= q_pos[:, None], s, float("-inf"))
         # every row keeps a finite max: the first tile holds key kv_lo <= q_pos of each row
-        m_new = tl.maximum(m_i, tl.reduce(s, 1, MAX))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.reduce(p, 1, SUM)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_update(s, v, m_i, l_i, acc, PRECISION)
     out = acc / l_i[:, None]
     dst = out_ptr + tok[:, None] * stride_ot + head * stride_oh + d[None, :]
     if WRITE_LSE:
@@ -160,15 +152,27 @@ def extend_partials(
     block_m, block_n, num_warps, num_stages = tile_config(head_dim, meta.max_query_len)
     precision, upcast = dot_options(q.dtype)
     grid = (triton.cdiv(meta.max_query_len, block_m), meta.num_seqs, num_heads)
-    _extend_kernel[grid](
+    args = (
         q, k_cache, v_cache, out, lse if lse is not None else out, meta.block_tables,
         meta.query_start_loc, meta.context_lens, meta.seq_lens, scale * LOG2E, kv_lo, num_heads,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), *k_cache.stride()[:3],
         *v_cache.stride()[:3], meta.block_tables.stride(0),
-        GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_SIZE=k_cache.shape[1], WRITE_LSE=lse is not None, PRECISION=precision,
-        UPCAST=upcast, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
+    launch(
+        _extend_kernel,
+        grid,
+        args,
+        GROUP=num_heads // k_cache.shape[2],
+        HEAD_DIM=head_dim,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_SIZE=k_cache.shape[1],
+        WRITE_LSE=lse is not None,
+        PRECISION=precision,
+        UPCAST=upcast,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
 
 
 def extend_attention(

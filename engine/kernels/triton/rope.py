@@ -12,12 +12,13 @@ rotation is computed in fp32 and rounded once.
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
-from engine.kernels.triton._common import check_device, check_kv_cache, lazy_jit, next_pow2
+from engine.kernels.triton._common import check_device, check_kv_cache, launch, next_pow2
 
 
-@lazy_jit
+@triton.jit  # every integer argument is fixed by the model geometry
 def _rope_kernel(
     q_ptr,
     k_ptr,
@@ -122,14 +123,40 @@ def _launch(
     cache = k_cache if store else cos  # unused pointers without a store
     cache_strides = k_cache.stride()[:3] if store else (0, 0, 0)
     v = v if store else k
-    _rope_kernel[(q.shape[0],)](
-        q, k, v, positions, cos, sin, cache, v_cache if store else cos,
-        slots if store else positions, q.shape[1], k.shape[1], q.stride(0), q.stride(1),
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
+    args = (
+        q,
+        k,
+        v,
+        positions,
+        cos,
+        sin,
+        cache,
+        v_cache if store else cos,
+        slots if store else positions,
+        q.shape[1],
+        k.shape[1],
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        cos.stride(0),
+        sin.stride(0),
         *cache_strides,
-        HALF=q.shape[2] // 2, BLOCK_HQ=next_pow2(q.shape[1]), BLOCK_HK=next_pow2(k.shape[1]),
-        BLOCK_SIZE=k_cache.shape[1] if store else 1, STORE=store,
-    )  # fmt: skip
+    )
+    launch(
+        _rope_kernel,
+        (q.shape[0],),
+        args,
+        HALF=q.shape[2] // 2,
+        BLOCK_HQ=next_pow2(q.shape[1]),
+        BLOCK_HK=next_pow2(k.shape[1]),
+        BLOCK_SIZE=k_cache.shape[1] if store else 1,
+        STORE=store,
+        num_warps=4,
+        num_stages=1,
+    )
 
 
 def rope(

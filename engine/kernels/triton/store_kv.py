@@ -10,12 +10,13 @@ One program per token copies all of its heads for K and V.
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
-from engine.kernels.triton._common import check_device, check_kv_cache, lazy_jit, next_pow2
+from engine.kernels.triton._common import check_device, check_kv_cache, launch, next_pow2
 
 
-@lazy_jit
+@triton.jit  # every integer argument is fixed by the model geometry
 def _store_kv_kernel(
     key_ptr,
     value_ptr,
@@ -93,20 +94,17 @@ def store_kv(
     num_tokens, num_heads, head_dim = key.shape
     if num_tokens == 0:
         return
-    _store_kv_kernel[(num_tokens,)](
-        key,
-        value,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        num_heads,
-        key.stride(0),
-        key.stride(1),
-        value.stride(0),
-        value.stride(1),
-        *k_cache.stride()[:3],
-        *v_cache.stride()[:3],
+    args = (
+        key, value, k_cache, v_cache, slot_mapping, num_heads, key.stride(0), key.stride(1),
+        value.stride(0), value.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
+    )  # fmt: skip
+    launch(
+        _store_kv_kernel,
+        (num_tokens,),
+        args,
         BLOCK_SIZE=k_cache.shape[1],
         HEAD_DIM=head_dim,
         BLOCK_H=next_pow2(num_heads),
+        num_warps=4,
+        num_stages=1,
     )
