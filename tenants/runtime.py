@@ -27,11 +27,15 @@ class KeyIdentity:
 
 @dataclass(frozen=True)
 class WidgetPolicy:
-    """The tenant's widget settings the request path enforces."""
+    """The tenant's widget settings: what the request path enforces, and what the public config
+    route shows (served from the cached runtime, so a page view costs no database read)."""
 
     require_session: bool = False  # bare widget keys are refused; session tokens only
     allow_client_system: bool = False  # widget traffic may send system/developer messages
     session_secret: str | None = field(default=None, repr=False)  # HMAC key of session tokens
+    title: str | None = None
+    greeting: str | None = None
+    accent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,9 @@ def _runtime(tenant: Tenant, prompt_text: str | None, defaults: Limits) -> Tenan
             require_session=tenant.widget_require_session,
             allow_client_system=tenant.widget_allow_client_system,
             session_secret=tenant.widget_session_secret,
+            title=tenant.widget_title,
+            greeting=tenant.widget_greeting,
+            accent=tenant.widget_accent,
         ),
         visitor_limits=Limits(
             tenant.visitor_rpm, tenant.visitor_tpm, tenant.visitor_max_concurrency

@@ -69,12 +69,12 @@ async def widget_config(request: web.Request) -> web.Response:
     rt = await state.keys.runtime(ident.tenant_id)
     if rt is None or rt.status != "active":
         raise _forbidden("this chat is not available", "tenant_unavailable")
-    out = await WidgetStore(state.store).get(ident.tenant_id)
+    widget = rt.widget  # the cached runtime: no database read per page view
     body = {
-        "title": out.title,
-        "greeting": out.greeting,
-        "accent": out.accent,
-        "require_session": out.require_session,
+        "title": widget.title,
+        "greeting": widget.greeting,
+        "accent": widget.accent,
+        "require_session": widget.require_session,
         "model": state.model_name,
     }
     return web.json_response(body, headers={"Cache-Control": "no-cache"})

@@ -139,6 +139,9 @@ async def test_config_route_public_fields_and_refusals(gw: LiveGateway) -> None:
         "require_session": False,
         "model": gw.state.model_name,
     }
+    lookups = gw.state.keys.lookups
+    await request(gw, "GET", path, Origin=SITE)
+    assert gw.state.keys.lookups == lookups  # a page view reads no database: cached runtime
     status, headers, body = await request(gw, "GET", path, Origin=OTHER)
     assert status == 403 and body["error"]["code"] == "origin_not_allowed"
     assert headers["Access-Control-Allow-Origin"] == "*"
