@@ -105,8 +105,10 @@ class KeyCache:
         return self._keys.stale_served + self._runtimes.stale_served
 
     def oldest_read_age(self) -> float | None:
-        ages = [a for a in (self._keys.oldest_read_age(), self._runtimes.oldest_read_age()) if a]
-        return max(ages) if ages else None
+        """Seconds since the oldest cached entry was read (how stale an answer may be)."""
+        ages = (self._keys.oldest_read_age(), self._runtimes.oldest_read_age())
+        known = [a for a in ages if a is not None]
+        return max(known) if known else None
 
     async def identity(self, secret: str) -> KeyIdentity | None:
         digest = hashlib.sha256(secret.encode()).hexdigest()

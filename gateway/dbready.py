@@ -24,6 +24,7 @@ class DatabaseReadiness:
     outage_s: float | None  # how long the database has been unreachable
     stale_max_s: float  # how long last-known-good state may be served
     error: str | None  # exception class of the last failure
+    oldest_read_s: float | None = None  # age of the oldest cached entry served meanwhile
 
     @property
     def passing(self) -> bool:
@@ -36,6 +37,9 @@ class DatabaseReadiness:
             "serving_last_known_good": self.status == "degraded",
             "outage_s": None if self.outage_s is None else round(self.outage_s, 3),
             "stale_max_s": self.stale_max_s,
+            "oldest_cached_read_s": None
+            if self.oldest_read_s is None
+            else round(self.oldest_read_s, 3),
             "error": self.error,
         }
 
@@ -48,4 +52,6 @@ async def database_readiness(store: TenantStore, keys: KeyCache) -> DatabaseRead
         return DatabaseReadiness("ok", True, None, keys.stale_max_s, None)
     outage = snap.down_for_s or 0.0
     status = "degraded" if outage <= keys.stale_max_s else "down"
-    return DatabaseReadiness(status, False, outage, keys.stale_max_s, snap.last_error)
+    return DatabaseReadiness(
+        status, False, outage, keys.stale_max_s, snap.last_error, keys.oldest_read_age()
+    )

@@ -108,6 +108,7 @@ async def test_known_keys_keep_chatting_through_refused_and_stalled_database(
             assert ready["database"]["status"] == "degraded"
             assert ready["database"]["reachable"] is False
             assert ready["database"]["serving_last_known_good"] is True
+            assert ready["database"]["oldest_cached_read_s"] >= 0.3  # read before the fault
             await proxy.restore()
             status, ready, _ = await readyz(gw)
             assert status == 200 and ready["database"]["status"] == "ok", ready
