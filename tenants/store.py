@@ -114,6 +114,14 @@ class TenantStore:
     async def _read(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
         return await self._unit(fn, write=False)
 
+    async def write(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        """A unit of work in one transaction for stores built on this one (tenants/widget.py):
+        the same deadline, outage mapping and fail-fast rule; announcing events stays theirs."""
+        return await self._unit(fn, write=True)
+
+    async def read(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        return await self._unit(fn, write=False)
+
     async def _unit(self, fn: Callable[[AsyncSession], Awaitable[T]], *, write: bool) -> T:
         """One unit of work within ``deadline_s``. A database that cannot be reached (or does
         not answer in time) becomes ``StoreUnavailable`` and marks it down; while it is down,
