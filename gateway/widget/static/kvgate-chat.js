@@ -356,6 +356,7 @@ form button[hidden] { display: none; }
       this.setBusy(true);
       this.setState("streaming");
       const node = this.bubble("assistant", "");
+      node.setAttribute("aria-busy", "true"); // screen readers read the answer once, when done
       let text = "";
       let stopped = false;
       try {
@@ -377,6 +378,7 @@ form button[hidden] { display: none; }
         }
         text = node.textContent;
       } finally {
+        node.removeAttribute("aria-busy");
         if (this.controller === controller) this.controller = null;
         this.setBusy(false);
       }
