@@ -12,6 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from tenants.db import is_unavailable, make_engine, within
+from tenants.store import TenantStore
 
 
 async def test_within_returns_the_result_in_time() -> None:
@@ -83,3 +84,9 @@ async def test_postgresql_statements_end_at_the_deadline(postgresql_url: str) ->
             assert is_unavailable(err.value)  # a stalled statement counts as an outage
     finally:
         await engine.dispose()
+
+
+async def test_store_units_of_work_for_stores_built_on_it(store: TenantStore) -> None:
+    assert await store.read(lambda s: s.scalar(text("SELECT 1"))) == 1
+    assert await store.write(lambda s: s.scalar(text("SELECT 2"))) == 2
+    assert store.health.up
