@@ -1,11 +1,16 @@
 """``kvgate bench model``: prefill and decode tokens/s, kvgate vs HF transformers, same weights.
 
-Random weights of the Qwen2.5-0.5B geometry (4 layers on the CPU by default), float32.
+Random weights of the Qwen2.5-0.5B geometry (4 layers on the CPU by default), float32; or a real
+model with ``--model`` (an HF directory or a ``.gguf`` file, which transformers' GGUF loader reads
+too: both dequantize the same tensors).
 - prefill: B prompts of ``--prompt-len`` tokens, one forward, logits of the last token only
   (kvgate: ``execute`` with sampling rows only; HF: ``model(ids, logits_to_keep=1)``).
 - decode: B requests with a ``--context``-token prompt, ``--steps`` greedy tokens each
   (kvgate: one ``execute`` per step; HF: ``generate(min_new_tokens=max_new_tokens)``, prefill
   subtracted by timing a 1-token generate of the same batch).
+- TTFT (``--model`` only): a ``--tenant-prompt``-token tenant system prompt and a short user
+  turn, one greedy token through ``Engine``: cold (a fresh namespace each time) vs pinned (the
+  system prompt pinned once, a new user turn each time).
 Each repeat measures both systems back to back; ratios are per repeat, reported as the median
 with the min-max spread.
 """
@@ -19,12 +24,15 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from bench.models import QWEN25_05B, make_random_model
+from bench.models import QWEN25_05B, describe, make_random_model, read_model_config
 from engine.batch import ScheduledBatch, ScheduledSeq
 from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.model.config import ModelConfig
 from engine.params import SamplingParams
 from engine.runner import ModelRunner
 
@@ -49,6 +57,8 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     # One thread by default: repeatable on a shared machine (both systems get the same).
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--model-dir", type=Path, default=None, help="reuse an existing model dir")
+    p.add_argument("--model", type=Path, default=None, help="a real model: HF dir or .gguf file")
+    p.add_argument("--tenant-prompt", type=int, default=500, help="TTFT: system prompt tokens")
     p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args(list(argv))
 
@@ -96,8 +106,12 @@ class _HF:
     def __init__(self, model_dir: Path) -> None:
         from transformers import AutoModelForCausalLM
 
+        where = {"gguf_file": model_dir.name} if model_dir.is_file() else {}
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.float32, attn_implementation="sdpa"
+            model_dir.parent if where else model_dir,
+            dtype=torch.float32,
+            attn_implementation="sdpa",
+            **where,
         ).eval()
 
     @torch.inference_mode()
@@ -154,11 +168,14 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
         max(args.prefill_batches) * args.prompt_len,
         max(args.decode_batches) * (args.context + args.steps + 1 + args.block_size),
     )
-    per_token = 2 * args.layers * QWEN25_05B.kv_heads * QWEN25_05B.head_dim * 4
+    cfg = read_model_config(model_dir)
+    per_token = 2 * cfg.num_layers * cfg.kv_size * 4
     config = EngineConfig(block_size=args.block_size, kv_cache_bytes=2 * need_tokens * per_token)
     kv = _Kvgate(ModelRunner.from_pretrained(model_dir, config))
     hf = _HF(model_dir)
-    vocab = 2000  # token ids the demo tokenizer knows; cost does not depend on them
+    # Random ids past the first special tokens; cost does not depend on them. The demo
+    # tokenizer of a random model knows 2000.
+    vocab = cfg.vocab_size if args.model is not None else 2000
     rows = []
     for b in args.prefill_batches:
         prompts = _prompts(b, args.prompt_len, vocab, seed=b)
@@ -180,12 +197,81 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
         )
         rows.append({"phase": "decode", "batch": b, **r})
         _print_row(rows[-1])
-    return {"config": _config(args), "rows": rows}
+    result = {"config": _config(args, cfg), "rows": rows}
+    if args.model is not None:
+        del kv, hf
+        result["ttft"] = measure_ttft(model_dir, args)
+    return result
 
 
-def _config(args: argparse.Namespace) -> dict:
+POLICY = (
+    "You are the support assistant of Rocket Shop, which sells model rockets and launch kits.",
+    "Orders ship within two business days, and tracking numbers are emailed to the customer.",
+    "Returns are accepted within 30 days for unused items in their original packaging.",
+    "Never share customer data, and ask for the order number before discussing an order.",
+)
+
+
+def _conversation(tokenizer: Any, length: int) -> tuple[list[int], Callable[[int], list[int]]]:
+    """A tenant system prompt of at least ``length`` tokens (policy sentences, chat-rendered)
+    and a function giving prompt ``i``: that system prompt, then a new user turn."""
+    render = tokenizer.apply_chat_template
+    sentences: list[str] = []
+    while True:
+        sentences.append(POLICY[len(sentences) % len(POLICY)])
+        system = {"role": "system", "content": " ".join(sentences)}
+        system_text = render([system], add_generation_prompt=False)
+        system_ids = tokenizer.encode(system_text)
+        if len(system_ids) >= length:
+            break
+
+    def turn(i: int) -> list[int]:
+        user = {"role": "user", "content": f"Where is my order {4700 + i}?"}
+        text = render([system, user], add_generation_prompt=True)
+        return system_ids + tokenizer.encode(text[len(system_text) :])
+
+    return system_ids, turn
+
+
+def measure_ttft(model: Path, args: argparse.Namespace) -> dict:
+    """Seconds to the first token of a new turn after a tenant prompt: cold vs pinned."""
+    engine = Engine.from_pretrained(model, block_size=args.block_size, kv_cache_bytes=256 << 20)
+    system, turn = _conversation(engine.tokenizer, args.tenant_prompt)
+    one = SamplingParams(temperature=0.0, max_tokens=1)
+
+    def timed(namespace: str, i: int) -> float:
+        t0 = time.perf_counter()
+        engine.generate([turn(i)], one, namespace=namespace)
+        return time.perf_counter() - t0
+
+    timed("warm-up", 0)
+    engine.pin_prefix("tenant", system)
+    cold, pinned = [], []
+    for i in range(1, args.repeats + 1):
+        cold.append(timed(f"cold-{i}", i))
+        pinned.append(timed("tenant", i))
+    out = {
+        "prompt_tokens": len(turn(1)),
+        "tenant_prompt_tokens": len(system),
+        "cold_s": _stats(cold),
+        "pinned_s": _stats(pinned),
+        "speedup": _stats([c / p for c, p in zip(cold, pinned, strict=True)]),
+    }
+    s = out["speedup"]
+    print(
+        f"TTFT {len(system)}-token tenant prompt: cold {out['cold_s']['median']:.3f} s, pinned "
+        f"{out['pinned_s']['median']:.3f} s, {s['median']:.1f}x [{s['min']:.1f}-{s['max']:.1f}]",
+        flush=True,
+    )
+    return out
+
+
+def _config(args: argparse.Namespace, cfg: ModelConfig | None = None) -> dict:
+    model = f"random Qwen2 ({QWEN25_05B.describe(args.layers)})"
+    if args.model is not None and cfg is not None:
+        model = f"{args.model.name} ({describe(cfg)}), dequantized to float32"
     return {
-        "model": f"random Qwen2 ({QWEN25_05B.describe(args.layers)})",
+        "model": model,
         "dtype": "float32",
         "device": "cpu",
         "threads": args.threads,
@@ -210,12 +296,13 @@ def _print_row(row: dict) -> None:
 def main(argv: Sequence[str]) -> int:
     args = _args(argv)
     torch.set_num_threads(args.threads)
-    print(json.dumps(_config(args), indent=2))
+    cfg = read_model_config(args.model) if args.model is not None else None
+    print(json.dumps(_config(args, cfg), indent=2))
     print(
         f"{'phase':<8} {'batch':>5} {'kvgate tok/s':>12} {'HF tok/s':>12} {'ratio':>8}  [min-max]"
     )
-    if args.model_dir is not None:
-        result = run(args, args.model_dir)
+    if args.model is not None or args.model_dir is not None:
+        result = run(args, args.model or args.model_dir)
     else:
         with tempfile.TemporaryDirectory(prefix="kvgate-bench-model-") as tmp:
             model_dir = make_random_model(Path(tmp) / "model", layers=args.layers)

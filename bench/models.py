@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from engine.model.config import ModelConfig, parse_config
 from engine.model.demo import qwen2_config, random_state_dict, write_model_dir
 
 
@@ -81,3 +82,19 @@ def make_random_model(
         arch=arch,
     )
     return write_model_dir(Path(path), cfg, random_state_dict(cfg, seed, torch_dtype))
+
+
+def read_model_config(path: Path) -> ModelConfig:
+    """The decoder config of an HF model directory or a GGUF file (no weights read)."""
+    from engine.model.gguf import GGUFFile, is_gguf, parse_gguf_config
+
+    return parse_gguf_config(GGUFFile.open(path)) if is_gguf(path) else parse_config(path)
+
+
+def describe(cfg: ModelConfig) -> str:
+    return (
+        f"{cfg.architecture}: hidden {cfg.hidden_size}, {cfg.num_layers} layers, "
+        f"{cfg.num_heads} heads, {cfg.num_kv_heads} KV heads, head dim {cfg.head_dim}, "
+        f"intermediate {cfg.intermediate_size}, vocab {cfg.vocab_size}, "
+        f"{'tied' if cfg.tie_word_embeddings else 'untied'} embeddings"
+    )
