@@ -29,6 +29,12 @@ class AttentionMetadata:
     # Leading block ids identical in every row AND inside every request's cached context
     # (<= min(context_lens) // block_size): the shared prefix a cascade kernel may read once.
     num_shared_blocks: int = 0
+    # Batch indices of the one-token requests (decode rows) of a batch that also holds longer
+    # chunks: the Triton path attends them with the split-KV kernel, which reads each K/V tile
+    # once per GQA group instead of once per query head. None: no such rows, or not built.
+    decode_seqs: torch.Tensor | None = None  # int32 [n]
+    # Validated once for this step (engine.kernels.check_step): kernels skip their own checks.
+    checked: bool = False
 
     @property
     def num_seqs(self) -> int:

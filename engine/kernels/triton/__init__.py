@@ -7,6 +7,7 @@ the fused ``rms_norm`` / ``rope`` / ``rope_store_kv`` for a model that wants the
 
 from __future__ import annotations
 
+from engine.kernels.triton._common import VARIANTS
 from engine.kernels.triton.attention import choose_kernel, paged_attention
 from engine.kernels.triton.cascade import cascade_attention, use_cascade
 from engine.kernels.triton.decode import decode_attention
@@ -17,6 +18,7 @@ from engine.kernels.triton.rope import supports as rope_supports
 from engine.kernels.triton.store_kv import store_kv
 
 __all__ = [
+    "VARIANTS",
     "cascade_attention",
     "choose_kernel",
     "decode_attention",

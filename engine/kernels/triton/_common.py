@@ -207,7 +207,24 @@ def check_metadata(meta: AttentionMetadata, k_cache: torch.Tensor, num_tokens: i
         raise ValueError(f"meta.max_query_len {meta.max_query_len} is not in 0..{num_tokens}")
     if meta.num_shared_blocks < 0 or meta.num_shared_blocks > bt.shape[1]:
         raise ValueError(f"meta.num_shared_blocks {meta.num_shared_blocks} out of range")
+    ds = meta.decode_seqs
+    if ds is not None and (ds.dtype != torch.int32 or ds.dim() != 1 or not ds.is_contiguous()):
+        raise ValueError(
+            f"meta.decode_seqs must be contiguous int32 [n], got {ds.dtype} {ds.shape}"
+        )
     check_device(k_cache, meta.query_start_loc, meta.context_lens, meta.seq_lens, bt)
+
+
+def check_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+) -> None:
+    """Every argument check of an attention op, skipped when the step was validated once
+    (``meta.checked``: q's geometry is the model's, the same in every layer)."""
+    if meta.checked:
+        return
+    check_kv_cache(k_cache, v_cache)
+    check_query(q, k_cache)
+    check_metadata(meta, k_cache, q.shape[0])
 
 
 def num_sms(device: torch.device) -> int:

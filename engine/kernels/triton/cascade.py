@@ -21,7 +21,7 @@ import torch
 import triton
 
 from engine.kernels.metadata import AttentionMetadata
-from engine.kernels.triton._common import check_kv_cache, check_metadata, check_query
+from engine.kernels.triton._common import check_attention
 from engine.kernels.triton.decode import (
     Segments,
     merge_partials,
@@ -108,9 +108,7 @@ def cascade_attention(
     Same result as ``extend_attention`` / ``decode_attention``; ``num_splits`` overrides the KV
     split count of the split-KV passes (tests). Returns out [T, Hq, D] in q's dtype.
     """
-    check_kv_cache(k_cache, v_cache)
-    check_query(q, k_cache)
-    check_metadata(meta, k_cache, q.shape[0])
+    check_attention(q, k_cache, v_cache, meta)
     if meta.num_shared_blocks < 1:
         raise ValueError("cascade attention needs meta.num_shared_blocks >= 1")
     out = torch.empty_like(q)

@@ -30,9 +30,7 @@ from engine.kernels.metadata import AttentionMetadata
 from engine.kernels.triton._common import (
     INTERPRETER_TILES,
     Tiles,
-    check_kv_cache,
-    check_metadata,
-    check_query,
+    check_attention,
     dot_options,
     interpreting,
     launch,
@@ -59,6 +57,7 @@ def _split_kv_kernel(
     bt_ptr,
     seg_q_ptr,
     seg_kv_ptr,
+    seg_idx_ptr,
     part_o_ptr,
     part_lse_ptr,
     shared_o_ptr,
@@ -91,6 +90,7 @@ def _split_kv_kernel(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     SINGLE_SEGMENT: tl.constexpr,
+    INDEXED: tl.constexpr,
     DIRECT: tl.constexpr,
     MERGE_SHARED: tl.constexpr,
 ):
@@ -98,14 +98,17 @@ def _split_kv_kernel(
     tile = tl.program_id(1)
     kv_head = tl.program_id(2) // num_splits
     split = tl.program_id(2) % num_splits
+    b = seg  # the request (block table row) of this segment
     if SINGLE_SEGMENT:
         q_first = 0
         num_rows = num_tokens * GROUP
         seg_hi = kv_hi
     else:
-        q_first = tl.load(seg_q_ptr + seg)
-        num_rows = (tl.load(seg_q_ptr + seg + 1) - q_first) * GROUP
-        seg_hi = tl.load(seg_kv_ptr + seg)
+        if INDEXED:
+            b = tl.load(seg_idx_ptr + seg)
+        q_first = tl.load(seg_q_ptr + b)
+        num_rows = (tl.load(seg_q_ptr + b + 1) - q_first) * GROUP
+        seg_hi = tl.load(seg_kv_ptr + b)
     if tile * BLOCK_M >= num_rows:
         return
     row = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -125,7 +128,7 @@ def _split_kv_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, HEAD_DIM], 0.0, tl.float32)
-    bt_row = bt_ptr + seg.to(tl.int64) * stride_bt
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         pos_ok = pos < hi
@@ -239,7 +242,8 @@ class Segments(NamedTuple):
     """Query rows and key ranges of one split-KV launch.
 
     ``seg_q``/``seg_kv`` given: segment i = query tokens ``seg_q[i]:seg_q[i+1]``, keys
-    ``kv_lo .. seg_kv[i]-1`` through ``block_tables[i]`` (``max_rows`` tokens at most).
+    ``kv_lo .. seg_kv[i]-1`` through ``block_tables[i]`` (``max_rows`` tokens at most); with
+    ``seg_idx`` too, segment i is request ``seg_idx[i]`` instead of request i.
     Both None: a single segment of every query token, keys ``kv_lo .. kv_hi-1`` through
     ``block_tables[0]``.
     """
@@ -250,6 +254,7 @@ class Segments(NamedTuple):
     kv_lo: int
     kv_hi: int  # single segment: key end; else an upper bound of every seg_kv[i]
     max_rows: int
+    seg_idx: torch.Tensor | None = None
 
 
 def split_kv_partials(
@@ -277,10 +282,13 @@ def split_kv_partials(
     num_splits, split_size = splits
     precision, upcast = dot_options(q.dtype)
     single = segs.seg_q is None
-    num_segs = 1 if single else segs.seg_kv.shape[0]
+    indexed = segs.seg_idx is not None
+    listed = segs.seg_idx if indexed else segs.seg_kv  # one entry per segment
+    num_segs = 1 if single else listed.shape[0]
     grid = (num_segs, triton.cdiv(segs.max_rows * group, block_m), num_kv_heads * num_splits)
     seg_q = segs.block_tables if single else segs.seg_q  # unused pointer in single mode
     seg_kv = segs.block_tables if single else segs.seg_kv
+    seg_idx = segs.seg_idx if indexed else segs.block_tables  # unused pointer unless indexed
     if out is not None and num_splits != 1:
         raise ValueError("a direct output needs exactly one split")
     if merge_with is not None and out is None:
@@ -289,7 +297,7 @@ def split_kv_partials(
     shared_o, shared_lse = merge_with if merge_with is not None else (part_o, part_lse)
     num_shared = shared_o.shape[0] if merge_with is not None else 0
     args = (
-        q, k_cache, v_cache, segs.block_tables, seg_q, seg_kv, dst, part_lse, shared_o,
+        q, k_cache, v_cache, segs.block_tables, seg_q, seg_kv, seg_idx, dst, part_lse, shared_o,
         shared_lse, num_shared, scale * LOG2E, segs.kv_lo, segs.kv_hi, split_size, num_splits,
         part_base, num_tokens, num_heads, q.stride(0), q.stride(1), dst.stride(0), dst.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], segs.block_tables.stride(0),
@@ -306,6 +314,7 @@ def split_kv_partials(
         PRECISION=precision,
         UPCAST=upcast,
         SINGLE_SEGMENT=single,
+        INDEXED=indexed,
         DIRECT=out is not None,
         MERGE_SHARED=merge_with is not None,
         num_warps=num_warps,
@@ -347,9 +356,8 @@ def decode_attention(
 
     Requires ``meta.is_decode_only`` and ``q.shape[0] == meta.num_seqs``.
     """
-    check_kv_cache(k_cache, v_cache)
-    group = check_query(q, k_cache)
-    check_metadata(meta, k_cache, q.shape[0])
+    check_attention(q, k_cache, v_cache, meta)
+    group = q.shape[1] // k_cache.shape[2]
     if not meta.is_decode_only or q.shape[0] != meta.num_seqs:
         raise ValueError(
             f"decode needs exactly one query token per request: {q.shape[0]} tokens, "
@@ -381,3 +389,29 @@ def decode_attention(
     )  # fmt: skip
     merge_partials(part_o, part_lse, out)
     return out
+
+
+def decode_rows(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """Attention of the one-token requests ``meta.decode_seqs`` of a mixed batch into their rows
+    of ``out``: one split-KV program per (request, KV head) covering its GQA group, one split (the
+    batch's prefill chunks already occupy the device), output written directly."""
+    assert meta.decode_seqs is not None
+    if meta.decode_seqs.shape[0] == 0:
+        return
+    segs = Segments(
+        meta.block_tables, meta.query_start_loc, meta.seq_lens, 0, meta.max_seq_len, max_rows=1,
+        seg_idx=meta.decode_seqs,
+    )  # fmt: skip
+    block_n = tile_config(q.shape[2], q.shape[1] // k_cache.shape[2])[1]
+    splits = plan_splits(1, meta.max_seq_len, block_n, q.device, wanted=1)
+    split_kv_partials(
+        q, k_cache, v_cache, segs, splits=splits, part_o=out, part_lse=out, part_base=0,
+        scale=scale, out=out,
+    )  # fmt: skip

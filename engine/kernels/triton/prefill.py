@@ -22,13 +22,12 @@ from engine.kernels.metadata import AttentionMetadata
 from engine.kernels.triton._common import (
     INTERPRETER_TILES,
     Tiles,
-    check_kv_cache,
-    check_metadata,
-    check_query,
+    check_attention,
     dot_options,
     interpreting,
     launch,
 )
+from engine.kernels.triton.decode import decode_rows
 from engine.kernels.triton.tile_ops import load_kv_tile, online_softmax_update
 
 LOG2E = 1.4426950408889634
@@ -69,6 +68,7 @@ def _extend_kernel(
     WRITE_LSE: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    SKIP_SINGLE: tl.constexpr,
 ):
     tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest (most keys) tiles start first
     b = tl.program_id(1)
@@ -77,6 +77,9 @@ def _extend_kernel(
     q_len = tl.load(qsl_ptr + b + 1) - q_first
     if tile * BLOCK_M >= q_len:
         return
+    if SKIP_SINGLE:  # noqa: SIM102 (constexpr) one-token requests: the split-KV kernel's
+        if q_len == 1:
+            return
     ctx = tl.load(ctx_ptr + b)
     row = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = row < q_len
@@ -145,9 +148,11 @@ def extend_partials(
     out: torch.Tensor,
     lse: torch.Tensor | None = None,
     kv_lo: int = 0,
+    skip_single: bool = False,
 ) -> None:
     """Launch the extend kernel (no checks; callers validate). ``kv_lo`` must be <= every
-    ``context_lens[b]``. ``lse`` given: ``out`` is fp32 [T, Hq, D] and gets normalized partials."""
+    ``context_lens[b]``. ``lse`` given: ``out`` is fp32 [T, Hq, D] and gets normalized partials.
+    ``skip_single``: requests with one new token are left to the caller."""
     _, num_heads, head_dim = q.shape
     block_m, block_n, num_warps, num_stages = tile_config(head_dim, meta.max_query_len)
     precision, upcast = dot_options(q.dtype)
@@ -170,6 +175,7 @@ def extend_partials(
         WRITE_LSE=lse is not None,
         PRECISION=precision,
         UPCAST=upcast,
+        SKIP_SINGLE=skip_single,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -182,12 +188,14 @@ def extend_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """Ragged extend attention for a mixed batch; returns out [T, Hq, D] in q's dtype."""
-    check_kv_cache(k_cache, v_cache)
-    check_query(q, k_cache)
-    check_metadata(meta, k_cache, q.shape[0])
+    """Ragged extend attention for a mixed batch; returns out [T, Hq, D] in q's dtype. The
+    one-token requests listed in ``meta.decode_seqs`` go to the split-KV kernel instead."""
+    check_attention(q, k_cache, v_cache, meta)
     out = torch.empty_like(q)
     if q.shape[0] == 0 or meta.max_query_len == 0:
         return out
-    extend_partials(q, k_cache, v_cache, meta, scale, out=out)
+    mixed = meta.decode_seqs is not None and meta.decode_seqs.shape[0] > 0
+    extend_partials(q, k_cache, v_cache, meta, scale, out=out, skip_single=mixed)
+    if mixed:
+        decode_rows(q, k_cache, v_cache, meta, scale, out)
     return out
