@@ -242,6 +242,37 @@ WIDGET_DEMO = Operation(
     "widget", None, {200: None}, (503,), media="text/html",
 )  # fmt: skip
 
+# Every error answer names the request (quote it in a support ticket); a 429 says when to retry.
+_REQUEST_ID = {
+    "x-request-id": {
+        "required": True,
+        "schema": {"type": "string", "minLength": 1},
+        "description": "the request's id, also in the gateway's log line",
+    }
+}
+_RETRY_AFTER = {
+    "Retry-After": {
+        "required": True,
+        "schema": {"type": "string", "pattern": "^[0-9]+$"},
+        "description": "seconds until the exhausted limit admits the request",
+    }
+}
+_RATE_HEADERS = {
+    f"x-ratelimit-{what}-{dim}": {
+        "required": False,
+        "schema": {"type": "string"},
+        "description": f"{what} of the most restrictive {dim} limit (x-ratelimit-scope)",
+    }
+    for what in ("limit", "remaining", "reset")
+    for dim in ("requests", "tokens")
+} | {
+    "x-ratelimit-scope": {
+        "required": False,
+        "schema": {"type": "string"},
+        "description": "whose limit the x-ratelimit-* values are: tenant, key or visitor",
+    }
+}
+
 _PATH_PARAMS: dict[str, dict[str, Any]] = {
     "id": {"type": "string", "description": "tenant id"},
     "version": {"type": "integer", "minimum": 1, "maximum": ts.MAX_LIMIT},
@@ -268,6 +299,8 @@ def _responses(op: Operation, names: Mapping[type[BaseModel], str]) -> dict[str,
                 "description": "with stream=true: `data: {ChatCompletionChunk}` events, then "
                 "`data: [DONE]`",
             }
+        if op.stream and status == 200:
+            resp["headers"] = {**_REQUEST_ID, **_RATE_HEADERS}
         if op.links and status < 300:
             resp["links"] = {
                 target: {"operationId": target, "parameters": dict(params)}
@@ -275,7 +308,11 @@ def _responses(op: Operation, names: Mapping[type[BaseModel], str]) -> dict[str,
             }
         out[str(status)] = resp
     for status in op.errors:
-        error = {"description": _ERRORS[status], "content": _json_content(names[am.ErrorBody])}
+        error = {
+            "description": _ERRORS[status],
+            "headers": {**_REQUEST_ID, **(_RETRY_AFTER if status == 429 else {})},
+            "content": _json_content(names[am.ErrorBody]),
+        }
         out[str(status)] = error
     return out
 

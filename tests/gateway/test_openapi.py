@@ -4,6 +4,7 @@ error schema and both bearer schemes; served at /openapi.json without auth."""
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -143,3 +144,27 @@ async def test_served_without_auth(
             assert resp.status == 200 and resp.content_type == "application/json"
             served = await resp.json()
         assert served == build_document(gw.state.model_name)
+
+
+async def test_documented_headers_on_success_and_429(
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    """The rate-limit path, which the schemathesis run's tenant never reaches: the 200 and the
+    429 carry the headers the document declares."""
+    doc = build_document()
+    op = doc["paths"]["/v1/chat/completions"]["post"]["responses"]
+    async with live_gateway(make_settings(gateway_database, tmp_path), demo_model_dir) as gw:
+        t = await gw.create_tenant("hdrs", limits={"rpm": 1})
+        body = {"model": gw.state.model_name, "messages": [{"role": "user", "content": "hi"}]}
+        headers = {"Authorization": f"Bearer {t.key}"}
+        url = f"{gw.base_url}/v1/chat/completions"
+        for status in (200, 429):
+            async with gw.http.post(url, json=body, headers=headers) as resp:
+                assert resp.status == status
+                documented = op[str(status)]["headers"]
+                for name, spec in documented.items():
+                    if spec["required"]:
+                        assert name in resp.headers, (status, name)
+                    if name in resp.headers and "pattern" in spec["schema"]:
+                        assert re.match(spec["schema"]["pattern"], resp.headers[name])
+                assert resp.headers["x-ratelimit-limit-requests"] == "1"
