@@ -92,7 +92,12 @@ def _add_metadata(w: Any, cfg: Any, pre: str) -> None:
 
 
 def write_gguf(
-    path: Path, model: Any, qtype: str = "F32", pre: str = "gpt2", raw_random: bool = False
+    path: Path,
+    model: Any,
+    qtype: str = "F32",
+    pre: str = "gpt2",
+    raw_random: bool = False,
+    extra: dict[str, np.ndarray] | None = None,
 ) -> Path:
     """``model`` (an HF Llama / Qwen2 in eval mode) as a GGUF file at ``path``.
 
@@ -121,6 +126,8 @@ def write_gguf(
             w.add_tensor(gguf_name(name), random_blocks(kind, data.shape, rng), raw_dtype=kind)
         else:
             w.add_tensor(gguf_name(name), gguf.quants.quantize(data, kind), raw_dtype=kind)
+    for name, array in (extra or {}).items():
+        w.add_tensor(name, array)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
-from engine.model.config import ModelLoadError
+from engine.model.config import ModelLoadError, RopeConfig
 from engine.model.gguf import GGUFFile, load_gguf, parse_gguf_config
 from engine.model.gguf_tokenizer import gguf_tokenizer
 from tests.engine.model.factories import make_hf_model
@@ -84,6 +86,15 @@ def test_config_from_metadata(tmp_path: Path, model: Any) -> None:
     assert cfg.rms_norm_eps == pytest.approx(hf.rms_norm_eps)
     assert cfg.max_position_embeddings == hf.max_position_embeddings
     assert cfg.tie_word_embeddings and not cfg.qkv_bias
+
+
+def test_rope_freqs_factors_divide_the_frequencies(tmp_path: Path, model: Any) -> None:
+    # Llama 3.1+ files store their rope scaling as one divisor per rotary pair.
+    factors = np.linspace(1.0, 8.0, 8, dtype=np.float32)
+    path = write_gguf(tmp_path / "m.gguf", model, extra={"rope_freqs.weight": factors})
+    rope = parse_gguf_config(GGUFFile.open(path)).rope
+    plain = RopeConfig(theta=rope.theta).inv_freq(16)
+    assert torch.allclose(rope.inv_freq(16), plain / torch.from_numpy(factors))
 
 
 def test_refused_files(tmp_path: Path, model: Any) -> None:
