@@ -22,6 +22,7 @@ BASE_ENV = {
     "KVGATE_DEVICE": "cpu",
     "KVGATE_KV_CACHE_BYTES": str(8 << 20),
     "KVGATE_DEFAULT_MAX_TOKENS": "4",
+    "KVGATE_DEFAULT_MODEL": "demo",  # hermetic: no download of the default model
     "KVGATE_SHUTDOWN_TIMEOUT_S": "3",
     "KVGATE_METRICS_PORT": "0",  # no metrics listener unless a test asks (one port per process)
     "OMP_NUM_THREADS": "1",
