@@ -9,6 +9,10 @@ Byte-level BPE (``tokenizer.ggml.model == "gpt2"``: Llama 3, Qwen2, SmolLM, ...)
     qwen2, ...      the Qwen2 split regex (digits one by one), NFC normalization
     anything else   GPT-2's byte-level split
 
+SentencePiece BPE (``"llama"``: Llama 2, Mistral, TinyLlama) from the tokens and their scores:
+merges rebuilt from the vocabulary (best score first), ``▁`` for spaces with one prefixed to the
+text, byte-fallback tokens (``<0x0A>``) for anything else; BOS added unless the file says not.
+
 Control tokens (type 3) become special added tokens (skipped when decoding), user-defined ones
 (type 4) plain added tokens, so both are matched whole in text.
 """
@@ -78,12 +82,50 @@ def _pre_tokenizer(pre: str | None) -> Any:
     return byte_level
 
 
-def _backend(meta: Mapping[str, Any]) -> Any:
-    from tokenizers import AddedToken, decoders, models, normalizers, processors
+def spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """BPE merges a SentencePiece vocabulary implies: every split of a token into two tokens,
+    ranked by the merged token's score (best first), ties by piece length then id."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    ranked = []
+    for token, score in zip(tokens, scores, strict=True):
+        pairs = [(token[:k], token[k:]) for k in range(1, len(token))]
+        pairs = [(a, b) for a, b in pairs if a in vocab and b in vocab]
+        pairs.sort(key=lambda ab: (vocab[ab[0]], vocab[ab[1]]))
+        ranked += [(a, b, score) for a, b in pairs]
+    ranked.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(a, b) for a, b, _ in ranked]
+
+
+def _spm_backend(meta: Mapping[str, Any]) -> Any:
     from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers
 
     tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
-    types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    scores = [float(s) for s in meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    bpe = models.BPE(
+        vocab=vocab, merges=spm_merges(tokens, scores), fuse_unk=True, byte_fallback=True
+    )
+    backend = Backend(bpe)
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme="first", split=False
+    )
+    backend.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(content=" ", left=1, right=0),
+        ]
+    )
+    return _add_tokens(backend, meta, alphabet=None)
+
+
+def _byte_level_backend(meta: Mapping[str, Any]) -> Any:
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, normalizers, processors
+
+    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
     alphabet = set(byte_alphabet().values())
     vocab = {_spelled(t, alphabet): i for i, t in enumerate(tokens)}
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
@@ -98,21 +140,27 @@ def _backend(meta: Mapping[str, Any]) -> Any:
     backend.pre_tokenizer = _pre_tokenizer(pre)
     backend.decoder = decoders.ByteLevel()
     backend.post_processor = processors.ByteLevel(trim_offsets=False)
-    # A control token outside the byte alphabet is a mislabel llama.cpp tolerates: not added.
-    backend.add_special_tokens(
-        [
-            AddedToken(t, normalized=False, special=True)
-            for t, kind in zip(tokens, types, strict=True)
-            if kind == CONTROL and set(t) <= alphabet
+    return _add_tokens(backend, meta, alphabet)
+
+
+def _add_tokens(backend: Any, meta: Mapping[str, Any], alphabet: set[str] | None) -> Any:
+    """Control tokens as special added tokens, user-defined ones as plain added tokens. In a
+    byte-level vocabulary one outside the byte alphabet is a mislabel llama.cpp tolerates."""
+    from tokenizers import AddedToken
+
+    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+    types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    ok = [alphabet is None or set(t) <= alphabet for t in tokens]
+    for kind, special in ((CONTROL, True), (USER_DEFINED, False)):
+        added = [
+            AddedToken(t, normalized=False, special=special)
+            for t, k, fits in zip(tokens, types, ok, strict=True)
+            if k == kind and fits
         ]
-    )
-    backend.add_tokens(
-        [
-            AddedToken(t, normalized=False, special=False)
-            for t, kind in zip(tokens, types, strict=True)
-            if kind == USER_DEFINED and set(t) <= alphabet
-        ]
-    )
+        if special:
+            backend.add_special_tokens(added)
+        else:
+            backend.add_tokens(added)
     return backend
 
 
@@ -124,9 +172,10 @@ def _eos_ids(meta: Mapping[str, Any]) -> list[int]:
 def gguf_tokenizer(meta: Mapping[str, Any], where: str) -> Tokenizer:
     """``Tokenizer`` (with chat template, special tokens and EOS ids) from GGUF metadata."""
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
+    if kind not in ("gpt2", "llama"):
         raise ModelLoadError(
-            f"{where}: tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' only)"
+            f"{where}: tokenizer model {kind!r} is not supported ('gpt2' byte-level BPE, "
+            "'llama' SentencePiece BPE)"
         )
     if "tokenizer.ggml.tokens" not in meta:
         raise ModelLoadError(f"{where}: missing metadata tokenizer.ggml.tokens")
@@ -142,6 +191,8 @@ def gguf_tokenizer(meta: Mapping[str, Any], where: str) -> Tokenizer:
         "eos_token": text("eos_token_id"),
         "unk_token": text("unknown_token_id"),
         "pad_token": text("padding_token_id"),
-        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        # SentencePiece files without the flag are Llama 2 style: BOS first.
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama")),
     }
-    return Tokenizer(_backend(meta), config, _eos_ids(meta))
+    backend = _spm_backend(meta) if kind == "llama" else _byte_level_backend(meta)
+    return Tokenizer(backend, config, _eos_ids(meta))

@@ -77,6 +77,9 @@ def _add_metadata(w: Any, cfg: Any, pre: str) -> None:
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
+    if pre == "spm":
+        _add_spm_tokenizer(w)
+        return
     tokens, types, merges = demo_vocab()
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
@@ -89,6 +92,46 @@ def _add_metadata(w: Any, cfg: Any, pre: str) -> None:
     w.add_pad_token_id(tokens.index("<|endoftext|>"))
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
+
+
+# Mistral-style: BOS written by the template.
+SPM_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% else %}"
+    "{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
+)
+SPM_WORDS = "the order rocket has not arrived where is my hello world can you help me please"
+
+
+def spm_vocab() -> tuple[list[str], list[int], list[float]]:
+    """A SentencePiece-style vocabulary: <unk> <s> </s>, 256 byte tokens, letters, and every
+    prefix of a few ``▁``-words (so each word is reachable by merges); scores favour longer."""
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    types = [2, 3, 3, *([6] * 256)]  # UNKNOWN, CONTROL, BYTE
+    scores = [0.0, 0.0, 0.0, *([0.0] * 256)]
+    pieces = list(dict.fromkeys("▁abcdefghijklmnopqrstuvwxyzMHW?.,'0123456789"))
+    for word in SPM_WORDS.split():
+        w = "▁" + word
+        pieces += [w[:k] for k in range(2, len(w) + 1)] + [
+            word[:k] for k in range(2, len(word) + 1)
+        ]
+    pieces = list(dict.fromkeys(pieces))
+    tokens += pieces
+    types += [1] * len(pieces)
+    scores += [-1000.0 + len(p) * 10 - i * 0.01 for i, p in enumerate(pieces)]
+    return tokens, types, scores
+
+
+def _add_spm_tokenizer(w: Any) -> None:
+    tokens, types, scores = spm_vocab()
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_scores(scores)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_chat_template(SPM_TEMPLATE)
 
 
 def write_gguf(

@@ -61,6 +61,23 @@ def test_tokenization_and_chat_template_match_transformers(
         assert ours.encode(rendered) == theirs(rendered, add_special_tokens=False)["input_ids"]
 
 
+def test_sentencepiece_tokenizer_matches_transformers(tmp_path: Path, model: Any) -> None:
+    path = _write(tmp_path, model, "spm")  # tokenizer.ggml.model "llama": Llama 2, Mistral
+    ours, theirs = gguf_tokenizer(GGUFFile.open(path).metadata, str(path)), _hf_tokenizer(path)
+    assert ours.add_bos and ours.eos_token_ids == (2,)
+    for text in ("My rocket order 4711 has not arrived.", TEXT.replace("<|im_start|>", "<s>")):
+        ids = ours.encode(text, add_special_tokens=True)
+        assert ids[0] == 1  # BOS
+        assert ids == theirs(text)["input_ids"]
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
+    rendered = ours.apply_chat_template(MESSAGES)
+    assert rendered == theirs.apply_chat_template(
+        MESSAGES, tokenize=False, add_generation_prompt=True
+    )
+    assert rendered.startswith("<s>[INST] Where is order 4711? [/INST]Let me check.</s>")
+    assert ours.encode(rendered) == theirs(rendered, add_special_tokens=False)["input_ids"]
+
+
 def test_special_tokens_eos_and_digits(tmp_path: Path, model: Any) -> None:
     path = _write(tmp_path, model, "smollm")
     tok = gguf_tokenizer(GGUFFile.open(path).metadata, str(path))
@@ -105,8 +122,8 @@ def test_refused_files(tmp_path: Path, model: Any) -> None:
     f = GGUFFile.open(_write(tmp_path, model, "gpt2"))
     with pytest.raises(ModelLoadError, match="unsupported GGUF architecture 'gemma'"):
         parse_gguf_config(GGUFFile(f.path, {**f.metadata, "general.architecture": "gemma"}, {}))
-    meta = {**f.metadata, "tokenizer.ggml.model": "llama"}
-    with pytest.raises(ModelLoadError, match="tokenizer model 'llama' is not supported"):
+    meta = {**f.metadata, "tokenizer.ggml.model": "bert"}
+    with pytest.raises(ModelLoadError, match="tokenizer model 'bert' is not supported"):
         gguf_tokenizer(meta, "x.gguf")
     sliding = {**f.metadata, "llama.attention.sliding_window": 16}
     with pytest.raises(ModelLoadError, match="sliding-window"):
