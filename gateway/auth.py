@@ -10,6 +10,7 @@ tenants are served from their last-known-good state (gateway/lkg.py), for a boun
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable
@@ -91,28 +92,34 @@ class KeyCache:
         self._store = store
         self._on_use = on_use  # key id -> None (records last use; no I/O)
         self._keys: LastKnownGood[KeyIdentity] = LastKnownGood(ttl_s, stale_max_s, clock)
+        self._by_id: LastKnownGood[KeyIdentity] = LastKnownGood(ttl_s, stale_max_s, clock)
         self._runtimes: LastKnownGood[TenantRuntime] = LastKnownGood(ttl_s, stale_max_s, clock)
         self.stale_max_s = stale_max_s
 
     @property
     def lookups(self) -> int:
         """Database round trips attempted (tests check the cache works)."""
-        return self._keys.loads + self._runtimes.loads
+        return self._keys.loads + self._by_id.loads + self._runtimes.loads
 
     @property
     def stale_served(self) -> int:
         """Answers given from last-known-good state while the database was unreachable."""
-        return self._keys.stale_served + self._runtimes.stale_served
+        return self._keys.stale_served + self._by_id.stale_served + self._runtimes.stale_served
 
     def oldest_read_age(self) -> float | None:
         """Seconds since the oldest cached entry was read (how stale an answer may be)."""
-        ages = (self._keys.oldest_read_age(), self._runtimes.oldest_read_age())
+        tables = (self._keys, self._by_id, self._runtimes)
+        ages = [t.oldest_read_age() for t in tables]
         known = [a for a in ages if a is not None]
         return max(known) if known else None
 
     async def identity(self, secret: str) -> KeyIdentity | None:
         digest = hashlib.sha256(secret.encode()).hexdigest()
         return await self._keys.get(digest, lambda: self._store.authenticate_key(secret))
+
+    async def key(self, key_id: str) -> KeyIdentity | None:
+        """A key by its id (a session token's issuer): None when unknown or revoked."""
+        return await self._by_id.get(key_id, lambda: self._store.get_key_identity(key_id))
 
     async def runtime(self, tenant_id: str) -> TenantRuntime | None:
         return await self._runtimes.get(
@@ -121,27 +128,63 @@ class KeyCache:
 
     def check_integrity(self) -> None:
         self._keys.check_integrity()
+        self._by_id.check_integrity(lambda k: k.key_id)
         self._runtimes.check_integrity(lambda rt: rt.tenant_id)
 
     def invalidate(self, tenant_id: str) -> None:
         """Re-read the tenant and its keys on next use (last-known-good still applies)."""
         self._keys.expire(tenant_id)
+        self._by_id.expire(tenant_id)
         self._runtimes.expire(tenant_id)
 
     async def on_event(self, event: TenantChanged) -> None:
-        """Events say what changed, not to what (``TenantChanged`` carries no key id or
-        status), so a change that may refuse traffic is never answered from stale state:
-        ``keys`` (a revocation) distrusts the tenant's keys, ``updated`` (a suspension) its
-        runtime, ``deleted`` drops both. Prompt and limit changes only expire the runtime."""
+        """Act on exactly what changed (tenants/events.py): a revoked key is refused for good
+        (during a database outage too) while the tenant's other keys keep their last-known-good
+        state; a new status is applied to the cached runtime; a policy change (which may refuse
+        traffic, and the event does not say how) is never answered stale; everything else
+        (prompt, limits, display settings, key limits) only forces a re-read. An event without
+        details (an older replica's) distrusts whatever its kind may have changed."""
         tid = event.tenant_id
         if event.kind == "deleted":
-            self._keys.drop(tid)
+            for table in (self._keys, self._by_id):
+                table.drop(tid)
             self._runtimes.drop(tid)
         elif event.kind == "keys":
-            self._keys.distrust(tid)
+            self._on_key_event(event)
         elif event.kind == "updated":
-            self._runtimes.distrust(tid)
+            self._on_update(event)
         else:  # created, prompt, limits
+            self._runtimes.expire(tid)
+
+    def _on_key_event(self, event: TenantChanged) -> None:
+        tid, key_id = event.tenant_id, event.key_id
+        if key_id is None:  # which key, and what happened to it, unknown
+            self._keys.distrust(tid)
+            self._by_id.distrust(tid)
+            return
+
+        def this_key(ident: KeyIdentity) -> bool:
+            return ident.key_id == key_id
+
+        if event.key_change == "revoked":  # permanent: no key is ever un-revoked
+            self._keys.revoke_where(tid, this_key)
+            self._by_id.revoke_where(tid, this_key)
+            self._by_id.revoke(key_id)
+        elif event.key_change == "limits":
+            self._keys.expire_where(tid, this_key)
+            self._by_id.expire_where(tid, this_key)
+        # created: nothing cached can name a key created a moment ago
+
+    def _on_update(self, event: TenantChanged) -> None:
+        tid, groups = event.tenant_id, event.groups
+        if "status" in groups and event.status is not None:
+            status = event.status
+            self._runtimes.revise(tid, lambda rt: dataclasses.replace(rt, status=status))
+        if "secret" in groups:  # tokens signed with the old secret stop verifying at once
+            self._runtimes.revise(tid, _without_session_secret)
+        if not groups or "policy" in groups:
+            self._runtimes.distrust(tid)
+        else:  # status / secret already applied; profile and widget refuse nothing
             self._runtimes.expire(tid)
 
     async def authenticate(self, request: web.Request) -> Principal:
@@ -198,5 +241,19 @@ class KeyCache:
             raise _origin_not_allowed("this session token is not valid from this origin")
         request[CORS_ORIGIN] = claims.origin
         rt = _require_active(rt)
-        ident = KeyIdentity(claims.tenant_id, claims.key_id, "widget", (claims.origin,))
+        issuer = await self.key(claims.key_id)
+        if issuer is None or issuer.tenant_id != claims.tenant_id or issuer.kind != "server":
+            _cors_for_error(request)
+            raise ApiError(
+                401,
+                "the key that issued this session token is revoked",
+                type_="authentication_error",
+                code="invalid_session_token",
+            )
+        # The session's traffic counts against the issuing key's own limits too (its key scope).
+        ident = dataclasses.replace(issuer, kind="widget", allowed_origins=(claims.origin,))
         return Principal(ident, rt, end_user_id=claims.end_user_id)
+
+
+def _without_session_secret(rt: TenantRuntime) -> TenantRuntime:
+    return dataclasses.replace(rt, widget=dataclasses.replace(rt.widget, session_secret=None))

@@ -8,15 +8,20 @@ down), the entry is served as it was last read, for at most ``stale_max_s`` afte
     loaded ──ttl_s──▶ stale: reload ──ok──▶ loaded
                                    └─db out──▶ served as last read, until loaded + stale_max_s
 
-Change events act on a tenant's entries without a database read: ``expire`` (reload on next
-use, still servable during an outage: limits, prompts), ``distrust`` (reload on next use and
-never served stale: a key revocation or a suspension the event could not spell out), ``drop``.
-A load that overlaps an event is kept but marked stale, so it cannot hide the change.
+Change events act on entries without a database read. By tenant: ``expire`` (reload on next use,
+still servable during an outage: limits, prompts), ``distrust`` (reload on next use and never
+served stale: a change that may refuse traffic and that the event does not spell out), ``drop``.
+By value: ``revise`` (apply a change the event spells out, e.g. a new status, then reload on next
+use; the revised value is what an outage serves), ``expire_where``, and ``revoke_where`` /
+``revoke`` (a permanent refusal: the entry is gone and its key answers None without a read,
+during an outage too). A load that overlaps an event of its tenant is kept but stale and
+untrusted, so it can neither hide the change nor be served in its place.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -42,14 +47,23 @@ class Entry(Generic[V]):
 
 class LastKnownGood(Generic[V]):
     def __init__(
-        self, ttl_s: float, stale_max_s: float, clock: Callable[[], float] = time.monotonic
+        self,
+        ttl_s: float,
+        stale_max_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        max_revoked: int = 10_000,
     ) -> None:
         assert ttl_s > 0 and stale_max_s >= 0, "bad cache lifetimes"
         self._ttl = ttl_s
         self._stale_max = stale_max_s
         self._clock = clock
         self._entries: dict[str, Entry[V]] = {}
-        self._epoch = 0  # bumped by every event; a load spanning a bump is stored stale
+        # Keys refused for good (revoked API keys), oldest first; beyond ``max_revoked`` the
+        # oldest are forgotten (then the database answers for them again).
+        self._revoked: OrderedDict[str, None] = OrderedDict()
+        self._max_revoked = max_revoked
+        self._epoch = 0  # bumped by every event
+        self._touched: dict[str, int] = {}  # tenant id -> epoch of its latest event
         self.loads = 0  # database round trips attempted
         self.stale_served = 0  # answers given from last-known-good during an outage
 
@@ -59,7 +73,9 @@ class LastKnownGood(Generic[V]):
     async def get(self, key: str, load: Callable[[], Awaitable[V | None]]) -> V | None:
         """A fresh entry, else ``load()``; only found values are cached (a key or tenant
         created a moment ago is seen at once). ``StoreUnavailable`` passes when there is no
-        trusted entry young enough to serve instead."""
+        trusted entry young enough to serve instead. A revoked key is None, with no read."""
+        if key in self._revoked:
+            return None
         entry = self._entries.get(key)
         now = self._clock()
         if entry is not None and entry.trusted and now < entry.fresh_until:
@@ -78,30 +94,68 @@ class LastKnownGood(Generic[V]):
                 self.stale_served += 1
                 return entry.value
             raise
-        if value is None:
+        if value is None or key in self._revoked:
             self._entries.pop(key, None)
             return None
-        fresh_until = now + self._ttl if epoch == self._epoch else now
-        self._entries[key] = Entry(value, now, fresh_until)
+        if self._touched.get(value.tenant_id, 0) > epoch:  # an event of its tenant overlapped
+            self._entries[key] = Entry(value, now, now, trusted=False)
+        else:
+            self._entries[key] = Entry(value, now, now + self._ttl)
         return value
 
-    def expire(self, tenant_id: str) -> None:
+    def _event(self, tenant_id: str) -> None:
         self._epoch += 1
-        for entry in self._entries.values():
-            if entry.value.tenant_id == tenant_id:
-                entry.fresh_until = entry.loaded_at
+        self._touched[tenant_id] = self._epoch
+
+    def _of(self, tenant_id: str) -> list[Entry[V]]:
+        return [e for e in self._entries.values() if e.value.tenant_id == tenant_id]
+
+    def expire(self, tenant_id: str) -> None:
+        self._event(tenant_id)
+        for entry in self._of(tenant_id):
+            entry.fresh_until = entry.loaded_at
 
     def distrust(self, tenant_id: str) -> None:
-        self._epoch += 1
-        for entry in self._entries.values():
-            if entry.value.tenant_id == tenant_id:
-                entry.fresh_until = entry.loaded_at
-                entry.trusted = False
+        self._event(tenant_id)
+        for entry in self._of(tenant_id):
+            entry.fresh_until = entry.loaded_at
+            entry.trusted = False
 
     def drop(self, tenant_id: str) -> None:
-        self._epoch += 1
+        self._event(tenant_id)
         for key in [k for k, e in self._entries.items() if e.value.tenant_id == tenant_id]:
             del self._entries[key]
+
+    def revise(self, tenant_id: str, change: Callable[[V], V]) -> None:
+        """Apply a change an event spelled out to the tenant's entries, and reload them on
+        next use; during an outage the revised value is served."""
+        self._event(tenant_id)
+        for entry in self._of(tenant_id):
+            entry.value = change(entry.value)
+            assert entry.value.tenant_id == tenant_id, "a revision moved an entry to a tenant"
+            entry.fresh_until = entry.loaded_at
+
+    def expire_where(self, tenant_id: str, match: Callable[[V], bool]) -> None:
+        """Reload the tenant's matching entries on next use (still servable in an outage)."""
+        self._event(tenant_id)
+        for entry in self._of(tenant_id):
+            if match(entry.value):
+                entry.fresh_until = entry.loaded_at
+
+    def revoke_where(self, tenant_id: str, match: Callable[[V], bool]) -> None:
+        """Refuse the tenant's matching entries for good: their keys answer None, no read."""
+        self._event(tenant_id)
+        for key in [k for k, e in self._entries.items() if e.value.tenant_id == tenant_id]:
+            if match(self._entries[key].value):
+                self.revoke(key)
+
+    def revoke(self, key: str) -> None:
+        """Refuse ``key`` for good, cached or not (the caller knows the refusal is permanent)."""
+        self._entries.pop(key, None)
+        self._revoked[key] = None
+        self._revoked.move_to_end(key)
+        while len(self._revoked) > self._max_revoked:
+            self._revoked.popitem(last=False)
 
     def oldest_read_age(self) -> float | None:
         """Seconds since the oldest trusted entry was read (how stale answers may be)."""
@@ -110,7 +164,10 @@ class LastKnownGood(Generic[V]):
 
     def check_integrity(self, key_of: Callable[[V], str] | None = None) -> None:
         now = self._clock()
+        assert len(self._revoked) <= self._max_revoked, "too many revoked keys remembered"
+        assert max(self._touched.values(), default=0) <= self._epoch, "event after the epoch"
         for key, entry in self._entries.items():
+            assert key not in self._revoked, f"entry {key[:8]} is revoked yet cached"
             assert entry.loaded_at <= now, f"entry {key[:8]} read in the future"
             assert entry.loaded_at <= entry.fresh_until <= entry.loaded_at + self._ttl, (
                 f"entry {key[:8]} fresh outside [read, read + ttl]"

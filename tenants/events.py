@@ -25,27 +25,94 @@ log = structlog.get_logger(__name__)
 ChangeKind = Literal["created", "updated", "prompt", "limits", "keys", "deleted"]
 CHANGE_KINDS: tuple[str, ...] = ("created", "updated", "prompt", "limits", "keys", "deleted")
 
+# What a ``keys`` event did to its key.
+KeyChange = Literal["created", "revoked", "limits"]
+KEY_CHANGES: tuple[str, ...] = ("created", "revoked", "limits")
+
+# Which settings an ``updated`` event changed. Listeners act on each group alone:
+#   status   the tenant's status (the event's ``status`` says which)
+#   profile  display fields (name): refuses nothing
+#   policy   what traffic is accepted (allow_client_system, the widget's require_session and
+#            allow_client_system): may refuse traffic, and the event does not say how
+#   widget   widget look and per-visitor limits: refuses nothing
+#   secret   the widget session secret (created or rotated): tokens signed before stop verifying
+SettingGroup = Literal["status", "profile", "policy", "widget", "secret"]
+SETTING_GROUPS: tuple[str, ...] = ("status", "profile", "policy", "widget", "secret")
+TENANT_STATUSES: tuple[str, ...] = ("active", "suspended", "deleted")
+
 
 @dataclass(frozen=True)
 class TenantChanged:
+    """One committed change of a tenant, saying exactly what changed (never a secret).
+
+    ``kind`` keys: ``key_id`` and ``key_change`` name the key and what happened to it.
+    ``kind`` created / updated / deleted: ``status`` is the tenant's status after the change;
+    updated: ``groups`` lists the setting groups it touched. An event without these details
+    (published by an older replica) means "something of this kind changed": listeners then
+    assume the worst (every key may be revoked, every setting may refuse traffic).
+    """
+
     tenant_id: str
     kind: ChangeKind
     prompt_version: int | None = None
+    key_id: str | None = None
+    key_change: KeyChange | None = None
+    status: str | None = None
+    groups: tuple[SettingGroup, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert (self.key_id is None) == (self.key_change is None), "key id without its change"
+        assert self.key_id is None or self.kind == "keys", "a key id on a non-key event"
+        assert not self.groups or self.kind == "updated", "setting groups on a non-update event"
+
+    @property
+    def exact(self) -> bool:
+        """Whether the event spells out its change (else: an older replica's coarse event)."""
+        if self.kind == "keys":
+            return self.key_id is not None
+        if self.kind == "updated":
+            return bool(self.groups)
+        return True
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["groups"] = list(self.groups)
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TenantChanged:
-        kind = data["kind"]
-        if kind not in CHANGE_KINDS:
-            raise ValueError(f"unknown change kind {kind!r}")
+        """Parse a bridged event; fields an older replica does not send are left unset."""
+        kind = _one_of(data["kind"], CHANGE_KINDS, "change kind")
         version = data.get("prompt_version")
+        key_id = data.get("key_id")
+        key_change = _optional(data, "key_change", KEY_CHANGES)
+        groups = data.get("groups") or ()
+        if not isinstance(groups, list | tuple):
+            raise ValueError("groups must be a list")
+        if (key_id is None) != (key_change is None) or (key_id is not None and kind != "keys"):
+            raise ValueError("key id and key change go together, on key events")
+        if groups and kind != "updated":
+            raise ValueError("setting groups belong to update events")
         return cls(
             tenant_id=str(data["tenant_id"]),
             kind=kind,
             prompt_version=None if version is None else int(version),
+            key_id=None if key_id is None else str(key_id),
+            key_change=key_change,
+            status=_optional(data, "status", TENANT_STATUSES),
+            groups=tuple(_one_of(g, SETTING_GROUPS, "setting group") for g in groups),
         )
+
+
+def _optional(data: dict[str, Any], name: str, allowed: tuple[str, ...]) -> Any:
+    value = data.get(name)
+    return None if value is None else _one_of(value, allowed, name)
+
+
+def _one_of(value: Any, allowed: tuple[str, ...], what: str) -> Any:
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}")
+    return value
 
 
 Listener = Callable[[TenantChanged], Awaitable[None]]

@@ -75,6 +75,28 @@ async def authenticate_key(session: AsyncSession, secret: str) -> KeyIdentity | 
         return None
     if key.revoked_at is not None or status == "deleted":
         return None
+    return _identity(key)
+
+
+async def key_identity(session: AsyncSession, key_id: str) -> KeyIdentity | None:
+    """A key by its id (e.g. the issuer named by a widget session token), or None when unknown,
+    revoked, or its tenant is deleted."""
+    row = (
+        await session.execute(
+            select(ApiKey, Tenant.status)
+            .join(Tenant, Tenant.id == ApiKey.tenant_id)
+            .where(ApiKey.id == key_id)
+        )
+    ).first()
+    if row is None:
+        return None
+    key, status = row
+    if key.revoked_at is not None or status == "deleted":
+        return None
+    return _identity(key)
+
+
+def _identity(key: ApiKey) -> KeyIdentity:
     return KeyIdentity(
         tenant_id=key.tenant_id,
         key_id=key.id,

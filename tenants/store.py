@@ -25,7 +25,7 @@ from tenants.db import (
     within,
 )
 from tenants.errors import StoreUnavailable, TenantExists, TenantStoreError
-from tenants.events import EventBus, TenantChanged
+from tenants.events import EventBus, KeyChange, SettingGroup, TenantChanged
 from tenants.health import DbHealth
 from tenants.runtime import KeyIdentity, TenantRuntime
 from tenants.schemas import (
@@ -45,6 +45,13 @@ from tenants.schemas import (
 from tenants.settings import DEFAULT_LIMITS, Limits
 
 T = TypeVar("T")
+
+# TenantPatch field -> the setting group an ``updated`` event names for it.
+_PATCH_GROUPS: dict[str, SettingGroup] = {
+    "name": "profile",
+    "status": "status",
+    "allow_client_system": "policy",
+}
 
 
 @contextlib.contextmanager
@@ -164,17 +171,25 @@ class TenantStore:
             out = await self._write(lambda s: service.create_tenant(s, data, actor=actor))
         except IntegrityError as exc:  # lost a race with a concurrent create of the same id
             raise TenantExists(data.id) from exc
-        await self.bus.publish(TenantChanged(out.id, "created", out.prompt_version))
+        await self.bus.publish(
+            TenantChanged(out.id, "created", out.prompt_version, status=out.status)
+        )
         return out
 
     async def update_tenant(self, tenant_id: str, patch: TenantPatch, *, actor: str) -> TenantOut:
         out = await self._write(lambda s: service.update_tenant(s, tenant_id, patch, actor=actor))
-        await self.bus.publish(TenantChanged(tenant_id, "updated", out.prompt_version))
+        # The groups of the fields given (some may have held their value already).
+        groups = tuple(g for f, g in _PATCH_GROUPS.items() if getattr(patch, f) is not None)
+        if groups:
+            event = TenantChanged(
+                tenant_id, "updated", out.prompt_version, status=out.status, groups=groups
+            )
+            await self.bus.publish(event)
         return out
 
     async def delete_tenant(self, tenant_id: str, *, actor: str) -> TenantOut:
         out = await self._write(lambda s: service.delete_tenant(s, tenant_id, actor=actor))
-        await self.bus.publish(TenantChanged(tenant_id, "deleted", None))
+        await self.bus.publish(TenantChanged(tenant_id, "deleted", None, status="deleted"))
         return out
 
     async def set_system_prompt(self, tenant_id: str, text: str, *, actor: str) -> int:
@@ -209,18 +224,21 @@ class TenantStore:
         out = await self._write(
             lambda s: service.set_key_limits(s, tenant_id, key_id, limits, actor=actor)
         )
-        await self.bus.publish(TenantChanged(tenant_id, "keys", None))
+        await self._key_changed(tenant_id, key_id, "limits")
         return out
 
     async def create_key(self, tenant_id: str, data: KeyCreate, *, actor: str) -> KeyCreated:
         out = await self._write(lambda s: service.create_key(s, tenant_id, data, actor=actor))
-        await self.bus.publish(TenantChanged(tenant_id, "keys", None))
+        await self._key_changed(tenant_id, out.id, "created")
         return out
 
     async def revoke_key(self, tenant_id: str, key_id: str, *, actor: str) -> KeyOut:
         out = await self._write(lambda s: service.revoke_key(s, tenant_id, key_id, actor=actor))
-        await self.bus.publish(TenantChanged(tenant_id, "keys", None))
+        await self._key_changed(tenant_id, key_id, "revoked")
         return out
+
+    async def _key_changed(self, tenant_id: str, key_id: str, change: KeyChange) -> None:
+        await self.bus.publish(TenantChanged(tenant_id, "keys", key_id=key_id, key_change=change))
 
     # -- reads ----------------------------------------------------------------------------
     async def get_tenant(self, tenant_id: str) -> TenantOut:
@@ -251,6 +269,9 @@ class TenantStore:
 
     async def authenticate_key(self, secret: str) -> KeyIdentity | None:
         return await self._read(lambda s: runtime.authenticate_key(s, secret))
+
+    async def get_key_identity(self, key_id: str) -> KeyIdentity | None:
+        return await self._read(lambda s: runtime.key_identity(s, key_id))
 
     async def get_tenant_runtime(self, tenant_id: str) -> TenantRuntime | None:
         return await self._read(

@@ -1,31 +1,28 @@
 """A tenant's widget settings and session-token secret (columns ``tenants.widget_*``,
 ``tenants.visitor_*``).
 
-``WidgetStore`` runs each change in one transaction with its audit row, then publishes a
-``TenantChanged`` so key caches drop the tenant's runtime view (which carries the policy and the
-secret). Audit rows never hold the secret: a rotation records only that it happened.
+``WidgetStore`` runs each unit of work through ``TenantStore.read`` / ``write`` (the request
+path's deadline, outage mapping and fail-fast rule): a change and its audit row commit in one
+transaction, then a ``TenantChanged`` names the setting groups it touched, so key caches re-read
+the tenant's runtime view (which carries the policy and the secret). Audit rows never hold the
+secret: a rotation records only that it happened.
 """
 
 from __future__ import annotations
 
-import contextlib
 import secrets
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from tenants.db import is_unavailable, unavailable
-from tenants.errors import TenantStoreError
-from tenants.events import ChangeKind, TenantChanged
+from tenants.events import SettingGroup, TenantChanged
 from tenants.models import Tenant, utcnow
 from tenants.schemas import VisitorLimitsOut, WidgetSettingsIn, WidgetSettingsOut
 from tenants.service import lock_tenant, write_audit
 from tenants.store import TenantStore
 
-T = TypeVar("T")
-
 # Columns PUT .../widget replaces, by request field (visitor limits are nested in the request).
+# Those of POLICY_COLUMNS may refuse traffic (setting group "policy"); the rest do not ("widget").
 SETTING_COLUMNS = {
     "title": "widget_title",
     "greeting": "widget_greeting",
@@ -38,6 +35,8 @@ VISITOR_COLUMNS = {
     "tpm": "visitor_tpm",
     "max_concurrency": "visitor_max_concurrency",
 }
+
+POLICY_COLUMNS = frozenset({"widget_require_session", "widget_allow_client_system"})
 
 
 def new_session_secret() -> str:
@@ -70,12 +69,14 @@ def _columns(data: WidgetSettingsIn) -> dict[str, Any]:
 
 async def set_widget(
     session: AsyncSession, tenant_id: str, data: WidgetSettingsIn, *, actor: str
-) -> WidgetSettingsOut:
-    """Replace every widget setting; no write and no audit row when nothing differs."""
+) -> tuple[WidgetSettingsOut, tuple[SettingGroup, ...]]:
+    """Replace every widget setting; returns the settings and the groups that changed (none:
+    no write and no audit row)."""
     tenant = await lock_tenant(session, tenant_id, allow_deleted=False)
     after = _columns(data)
     before = {col: getattr(tenant, col) for col in after}
-    if before != after:
+    changed = {col for col in after if before[col] != after[col]}
+    if changed:
         for col, value in after.items():
             setattr(tenant, col, value)
         tenant.updated_at = utcnow()
@@ -83,7 +84,16 @@ async def set_widget(
         await write_audit(
             session, actor, "widget.set", tenant_id, {"before": before, "after": after}
         )
-    return widget_out(tenant)
+    return widget_out(tenant), _groups(changed)
+
+
+def _groups(columns: set[str]) -> tuple[SettingGroup, ...]:
+    groups: list[SettingGroup] = []
+    if columns & POLICY_COLUMNS:
+        groups.append("policy")
+    if columns - POLICY_COLUMNS:
+        groups.append("widget")
+    return tuple(groups)
 
 
 async def get_widget(session: AsyncSession, tenant_id: str) -> WidgetSettingsOut:
@@ -120,54 +130,35 @@ async def ensure_session_secret(
     return tenant.widget_session_secret, True
 
 
-@contextlib.contextmanager
-def _outages_unavailable() -> Iterator[None]:
-    try:
-        yield
-    except TenantStoreError:
-        raise
-    except Exception as exc:
-        if is_unavailable(exc):
-            raise unavailable(exc) from exc
-        raise
-
-
 class WidgetStore:
-    """Widget settings on top of a ``TenantStore`` (its sessions and event bus)."""
+    """Widget settings on top of a ``TenantStore``: its units of work and its event bus."""
 
     def __init__(self, store: TenantStore) -> None:
         self._store = store
 
-    async def _write(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
-        with _outages_unavailable():
-            async with self._store.sessions() as session, session.begin():
-                return await fn(session)
-
-    async def _changed(self, tenant_id: str, kind: ChangeKind) -> None:
-        await self._store.bus.publish(TenantChanged(tenant_id, kind, None))
+    async def _changed(self, tenant_id: str, *groups: SettingGroup) -> None:
+        event = TenantChanged(tenant_id, "updated", groups=groups)
+        await self._store.bus.publish(event)
 
     async def get(self, tenant_id: str) -> WidgetSettingsOut:
-        with _outages_unavailable():
-            async with self._store.sessions() as session:
-                return await get_widget(session, tenant_id)
+        return await self._store.read(lambda s: get_widget(s, tenant_id))
 
     async def set(self, tenant_id: str, data: WidgetSettingsIn, *, actor: str) -> WidgetSettingsOut:
-        out = await self._write(lambda s: set_widget(s, tenant_id, data, actor=actor))
-        # "updated": it may refuse traffic (require_session), so no replica may keep serving
-        # the old settings from a stale cache.
-        await self._changed(tenant_id, "updated")
+        out, groups = await self._store.write(lambda s: set_widget(s, tenant_id, data, actor=actor))
+        if groups:  # "policy" may refuse traffic (require_session): never served stale
+            await self._changed(tenant_id, *groups)
         return out
 
     async def rotate_secret(self, tenant_id: str, *, actor: str) -> WidgetSettingsOut:
-        out = await self._write(lambda s: rotate_session_secret(s, tenant_id, actor=actor))
-        await self._changed(tenant_id, "updated")  # a revocation: never served stale
+        out = await self._store.write(lambda s: rotate_session_secret(s, tenant_id, actor=actor))
+        await self._changed(tenant_id, "secret")  # a revocation of every token
         return out
 
     async def session_secret(self, tenant_id: str, *, actor: str) -> str:
         """The secret, created on first use; a created one is announced so caches see it."""
-        secret, created = await self._write(
+        secret, created = await self._store.write(
             lambda s: ensure_session_secret(s, tenant_id, actor=actor)
         )
         if created:
-            await self._changed(tenant_id, "limits")  # refuses nothing: an expiry is enough
+            await self._changed(tenant_id, "secret")
         return secret
