@@ -113,8 +113,9 @@ class RequestObserver:
         with self._tel.tracer.start_as_current_span(name):
             yield
 
-    def rejected(self, reason: str) -> None:
-        self._tel.metrics.ratelimit_rejections.labels(self.tenant_id, reason).inc()
+    def rejected(self, reason: str, scope: str) -> None:
+        """A 429: ``reason`` the exhausted limit, ``scope`` the kind that refused it."""
+        self._tel.metrics.ratelimit_rejections.labels(self.tenant_id, reason, scope).inc()
 
     def set_max_tokens(self, max_tokens: int) -> None:
         if self.tracing:

@@ -284,7 +284,7 @@ async def _admit(state: GatewayState, lease: Lease, obs: RequestObserver) -> Dec
         decision = await state.limiter.acquire(lease)
     if decision.allowed:
         return decision
-    obs.rejected(decision.reason or "unknown")
+    obs.rejected(decision.reason or "unknown", decision.scope or "tenant")
     raise rate_limit_error(decision)
 
 

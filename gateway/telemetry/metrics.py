@@ -123,8 +123,8 @@ class GatewayMetrics:
         )
         self.ratelimit_rejections = Counter(
             "kvgate_ratelimit_rejections",
-            "429 answers by tenant and exhausted limit",
-            ["tenant", "reason"],
+            "429 answers by tenant, exhausted limit and refusing scope (tenant, key, visitor)",
+            ["tenant", "reason", "scope"],
             registry=r,
         )
         self._state: _StateCollector | None = None

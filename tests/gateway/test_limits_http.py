@@ -54,7 +54,8 @@ async def check_rpm_limit(gw: LiveGateway) -> None:
     else:
         raise AssertionError("expected a 429")
     metrics = await (await gw.http.get(gw.metrics_url)).text()
-    assert f'kvgate_ratelimit_rejections_total{{reason="requests",tenant="{t.id}"}} 2.0' in metrics
+    labels = f'reason="requests",scope="tenant",tenant="{t.id}"'
+    assert f"kvgate_ratelimit_rejections_total{{{labels}}} 2.0" in metrics
 
 
 async def test_rpm_limit_in_process(
