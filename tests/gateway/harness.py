@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.app import create_app
 from gateway.context import STATE, TELEMETRY
+from gateway.http import make_runner
 from gateway.settings import Settings
 from gateway.telemetry import MetricsListener, metrics_listener
 
@@ -166,7 +167,16 @@ async def live_gateway(
     app = create_app(settings, model_dir=str(model_dir), span_exporter=spans)
     metrics = MetricsListener("127.0.0.1", 0)  # as `kvgate serve` does, on a free port
     app.cleanup_ctx.append(metrics_listener(metrics, app[TELEMETRY].metrics.render))
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
+    # The production HTTP layer (gateway/http.py): read deadlines (KVGATE_HEADER_TIMEOUT_S /
+    # KVGATE_BODY_TIMEOUT_S of ``settings``), quote-free low-level errors, log redaction; the
+    # access log stays on (tests may read it; it is redacted like every aiohttp line).
+    runner = make_runner(
+        app,
+        settings.server.header_timeout_s,
+        settings.server.body_timeout_s,
+        handler_cancellation=True,
+        shutdown_timeout=shutdown_timeout,
+    )
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

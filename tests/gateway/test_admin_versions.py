@@ -132,7 +132,7 @@ async def test_keys_with_limits(
     path = f"/tenants/acme/keys/{plain['id']}/limits"
     out = await call(api, "PUT", path, 200, json={"tpm": 500})
     assert out["limits"] == {"rpm": None, "tpm": 500, "max_concurrency": None}
-    assert events == [TenantChanged("acme", "keys", None)]
+    assert events == [TenantChanged("acme", "keys", key_id=plain["id"], key_change="limits")]
     shown = await call(api, "GET", "/tenants/acme", 200)
     assert {k["id"]: k["limits"]["tpm"] for k in shown["keys"]} == {
         created["id"]: None,
