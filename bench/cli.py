@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "load": ("bench.load", "request-rate sweep through AsyncEngine, reuse on vs off"),
     "kernels": ("bench.kernels", "Triton kernels vs torch SDPA (GPU; CPU dry run)"),
     "gateway": ("bench.gateway", "gateway + limiter overhead vs AsyncEngine directly"),
+    "cluster": ("bench.cluster", "tenant placement over worker processes vs round-robin, hash"),
 }
 
 

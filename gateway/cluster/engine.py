@@ -38,6 +38,7 @@ from gateway.cluster.placer import Placer, TenantPin, placement_key
 from gateway.cluster.router import Route, choose
 
 log = structlog.get_logger(__name__)
+HEALTH_TIMEOUT_S = 2.0  # least time a health check (and any non-streaming call) may take
 
 
 class ClusterEngine:
@@ -71,7 +72,7 @@ class ClusterEngine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._streams: dict[str, asyncio.Task[Any]] = {}  # url -> KV event task
         self._dirty = asyncio.Event()
-        self._replicas: dict[str, int] = {}
+        self._demand_shape: dict[str, tuple[int, int]] = {}
         self._started = False
         self._closed = False
         self.retries = 0
@@ -148,13 +149,16 @@ class ClusterEngine:
         assert self._session is not None
         for url in await resolve_workers(self._endpoints):
             if url not in self.members:
-                client = WorkerClient(url, self._token, self._session, timeout_s=self._health_s)
+                # a busy worker may answer late: only a refused or hung call counts as failed
+                timeout = max(HEALTH_TIMEOUT_S, 2 * self._health_s)
+                client = WorkerClient(url, self._token, self._session, timeout_s=timeout)
                 self.members[url] = Member(url, client)
         results = await asyncio.gather(*(self._check(m) for m in self.members.values()))
         rates = await self._stats.refresh()
-        replicas = {d.key: d.replicas for d in self.placer.demands(rates, len(self.healthy()))}
-        if any(results) or replicas != self._replicas:
-            self._replicas = replicas
+        demands = self.placer.demands(rates, len(self.healthy()))
+        shape = {d.key: (d.replicas, d.heat) for d in demands}
+        if any(results) or shape != self._demand_shape:  # rates move once per load window
+            self._demand_shape = shape
             self._dirty.set()
 
     async def _check(self, m: Member) -> bool:
@@ -197,6 +201,18 @@ class ClusterEngine:
                 await self.placer.reconcile(self.healthy(), self._stats.rates)
             except Exception:
                 log.exception("cluster_reconcile_failed")
+
+    def placement_settled(self) -> bool:
+        """Every pin is held by exactly the live workers the placement names now."""
+        live = self.healthy()
+        plan = self.placer.plan(live, self._stats.rates)
+        pins = self.placer.pins.values()
+        settled = all(p.workers(live) == sorted(plan.workers_of(p.key)) for p in pins)
+        return settled and not self._dirty.is_set()
+
+    def set_endpoints(self, endpoints: Sequence[str]) -> None:
+        """Workers to follow from the next health round on (a configuration change)."""
+        self._endpoints = tuple(endpoints)
 
     async def settle(self) -> None:
         """Reconcile now (pins follow the current placement when this returns)."""
@@ -305,9 +321,11 @@ class ClusterEngine:
         pinned_blocks = pin.blocks if pin is not None else 0
         blocks, holders = self.index.longest(namespace, ids, self.block_size)
         affinity = holders if blocks > pinned_blocks else frozenset()
-        route = choose(
-            members, self.placer.placement.workers_of(key), key, affinity, self._spill_queue_s
-        )
+        placed = self.placer.placement.workers_of(key)
+        if pin is not None:  # while a pin moves, its old holders serve until the new one has it
+            held = [w for w in placed if w in pin.handles]
+            placed = tuple(held) or tuple(w for w in pin.handles if w not in placed) or placed
+        route = choose(members, placed, key, affinity, self._spill_queue_s)
         if route is None:
             raise WorkerUnavailable("no healthy worker can take the request")
         return route

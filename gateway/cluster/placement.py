@@ -12,7 +12,7 @@ HRW keeps movement small: a worker that leaves only moves the tenants it held (a
 capacity, the few that the moved ones displace); one that joins only takes tenants for which it
 now scores best. A tenant that fits nowhere is left unplaced (routed by hash, cached by normal
 retention). Heat levels are coarse (log2 of the request rate) so that small rate changes between
-gateways or over time do not reorder tenants.
+gateways or over time rarely reorder tenants.
 """
 
 from __future__ import annotations
@@ -72,8 +72,9 @@ def hrw_order(key: str, worker_ids: Iterable[str]) -> list[str]:
 
 
 def heat_level(rate: float) -> int:
-    """0 for idle tenants, else 1 + floor(log2(requests per second x 8)), at least 1."""
-    return 0 if rate <= 0 else max(1, 1 + math.floor(math.log2(rate * 8)))
+    """0 for idle tenants, else 1 + floor(log4(requests per second x 16)), at least 1: bands a
+    factor of 4 wide, so that rate noise rarely moves a tenant across a band."""
+    return 0 if rate <= 0 else max(1, 1 + math.floor(math.log(rate * 16, 4)))
 
 
 def replicas_for(rate: float, replica_rate: float, num_workers: int) -> int:

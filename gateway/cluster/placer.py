@@ -103,7 +103,7 @@ class Placer:
         """``members``: healthy workers by id."""
         started = time.monotonic()
         self.placement = plan = self.plan(members, rates)
-        jobs = []
+        unpins, pins = [], []
         for pin in list(self.pins.values()):
             want = set(plan.workers_of(pin.key))
             for wid, (boot, _) in list(pin.handles.items()):
@@ -114,10 +114,11 @@ class Placer:
             # pins are still there, and either used again or released then.
             for wid in sorted(set(pin.handles) - want):
                 if wid in members:
-                    jobs.append(self._unpin_one(pin, members[wid]))
+                    unpins.append(self._unpin_one(pin, members[wid]))
             for wid in sorted(want - set(pin.handles)):
-                jobs.append(self._pin_one(pin, members[wid]))
-        await asyncio.gather(*jobs)
+                pins.append(self._pin_one(pin, members[wid]))
+        await asyncio.gather(*unpins)  # first: the room they free is what the new pins need
+        await asyncio.gather(*pins)
         self.last_reconcile_s = time.monotonic() - started
 
     async def _pin_one(self, pin: TenantPin, m: Member) -> None:
