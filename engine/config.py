@@ -15,7 +15,9 @@ class EngineConfig:
     max_num_seqs: int = 256  # cap on running requests
     max_waiting: int = 1024  # bounded waiting queue; beyond it requests are refused as overloaded
     kv_cache_bytes: int | None = None  # explicit KV budget; None: derived from device memory
-    kv_cache_memory_fraction: float = 0.5  # of free device memory when kv_cache_bytes is None
+    kv_cache_memory_fraction: float = 0.5  # CPU: share of available RAM (kv_cache_bytes None)
+    gpu_memory_utilization: float = 0.9  # CUDA: device share for weights + activations + KV
+    cuda_graphs: bool = True  # CUDA: replay decode steps from graphs captured per batch bucket
     pin_cap_fraction: float = 0.5  # pinned blocks may take at most this share of the pool
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -30,5 +32,7 @@ class EngineConfig:
             raise ValueError(f"pin_cap_fraction must be in [0, 1], got {self.pin_cap_fraction}")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}")

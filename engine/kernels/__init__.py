@@ -18,6 +18,7 @@ tensors go to ``engine.kernels.triton``: its ``store_kv``, ``rms_norm``, ``rope_
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -26,7 +27,14 @@ import torch
 from engine.kernels import reference
 from engine.kernels.metadata import AttentionMetadata
 
-__all__ = ["AttentionMetadata", "paged_attention", "rms_norm", "rope_store_kv", "store_kv"]
+__all__ = [
+    "AttentionMetadata",
+    "check_step",
+    "paged_attention",
+    "rms_norm",
+    "rope_store_kv",
+    "store_kv",
+]
 
 
 @cache
@@ -40,6 +48,19 @@ def _triton() -> Any:
 def _on_triton(t: torch.Tensor) -> bool:
     """Whether ``t``'s op runs as a Triton kernel (tests route CPU tensors there, interpreted)."""
     return t.is_cuda
+
+
+def check_step(
+    meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor, num_tokens: int
+) -> AttentionMetadata:
+    """Validate one step's metadata against the cache once, for every layer: the Triton path
+    returns it marked ``checked`` (its kernels then skip their per-call checks)."""
+    if not _on_triton(k_cache):
+        return meta
+    ops = _triton()
+    ops.check_kv_cache(k_cache, v_cache)
+    ops.check_metadata(meta, k_cache, num_tokens)
+    return replace(meta, checked=True)
 
 
 def store_kv(

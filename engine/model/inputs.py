@@ -5,6 +5,9 @@ Per request i with new tokens at positions ``start_pos .. end_pos-1``::
     query rows     query_start_loc[i] .. query_start_loc[i+1]-1   (concatenated in batch order)
     slot of pos p  block_table[p // block_size] * block_size + p % block_size
     logits row     query_start_loc[i+1]-1, only when the request samples this step
+
+A batch mixing one-token requests (decode rows) with longer chunks lists the former in
+``meta.decode_seqs`` (the GPU path attends them with the split-KV kernel).
 """
 
 from __future__ import annotations
@@ -113,6 +116,8 @@ def build_step_inputs(
     def i32(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
 
+    decode_rows = [i for i, seq in enumerate(batch.seqs) if len(seq.token_ids) == 1]
+    mixed = 0 < len(decode_rows) < len(batch.seqs)
     meta = AttentionMetadata(
         query_start_loc=i32(starts),
         context_lens=i32(contexts),
@@ -123,6 +128,7 @@ def build_step_inputs(
         max_seq_len=max(seq_lens),
         block_size=block_size,
         num_shared_blocks=shared_prefix_blocks(tables, contexts, block_size),
+        decode_seqs=i32(decode_rows) if mixed else None,
     )
     return StepInputs(
         input_ids=torch.tensor(ids, dtype=torch.int64, device=device),

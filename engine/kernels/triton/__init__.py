@@ -7,9 +7,10 @@ the fused ``rms_norm`` / ``rope`` / ``rope_store_kv`` for a model that wants the
 
 from __future__ import annotations
 
-from engine.kernels.triton._common import VARIANTS
+from engine.kernels.cascade_rule import use_cascade
+from engine.kernels.triton._common import VARIANTS, check_kv_cache, check_metadata
 from engine.kernels.triton.attention import choose_kernel, paged_attention
-from engine.kernels.triton.cascade import cascade_attention, use_cascade
+from engine.kernels.triton.cascade import cascade_attention
 from engine.kernels.triton.decode import decode_attention
 from engine.kernels.triton.norm import rms_norm
 from engine.kernels.triton.prefill import extend_attention
@@ -20,6 +21,8 @@ from engine.kernels.triton.store_kv import store_kv
 __all__ = [
     "VARIANTS",
     "cascade_attention",
+    "check_kv_cache",
+    "check_metadata",
     "choose_kernel",
     "decode_attention",
     "extend_attention",

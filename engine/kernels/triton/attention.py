@@ -11,8 +11,9 @@ from typing import Literal
 
 import torch
 
+from engine.kernels.cascade_rule import use_cascade
 from engine.kernels.metadata import AttentionMetadata
-from engine.kernels.triton.cascade import cascade_attention, use_cascade
+from engine.kernels.triton.cascade import cascade_attention
 from engine.kernels.triton.decode import decode_attention
 from engine.kernels.triton.prefill import extend_attention
 
