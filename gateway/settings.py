@@ -155,6 +155,13 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_PIN_CAP_FRACTION", _fraction, "0.5", "share of KV blocks pins may take"),
     Variable("KVGATE_DEVICE", _str, "auto", "engine device: auto, cpu, cuda, cuda:N"),
     Variable("KVGATE_DTYPE", _choice("auto", "float32", "bfloat16", "float16"), "auto", "dtype"),
+    Variable(
+        "KVGATE_GPU_MEMORY_UTILIZATION",
+        _float_in(0.0, 1.0, low_open=True),
+        "0.9",
+        "CUDA: share of GPU memory for weights, activations and the KV cache (sized by profiling)",
+    ),
+    Variable("KVGATE_CUDA_GRAPHS", _bool, "1", "CUDA: replay decode steps from CUDA graphs"),
     Variable("KVGATE_MAX_NUM_SEQS", _int, "256", "engine: most running requests"),
     Variable("KVGATE_DEFAULT_MAX_TOKENS", _int, "256", "max_tokens when a request gives none"),
     # Sampling defaults for requests that leave a parameter out (model-specific values belong
@@ -336,6 +343,8 @@ class ModelSettings:
     default_top_p: float = 1.0
     default_repetition_penalty: float = 1.0
     default_frequency_penalty: float = 0.0
+    gpu_memory_utilization: float = 0.9
+    cuda_graphs: bool = True
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> ModelSettings:
@@ -351,6 +360,8 @@ class ModelSettings:
             device=value(src, "KVGATE_DEVICE"),
             dtype=value(src, "KVGATE_DTYPE"),
             max_num_seqs=value(src, "KVGATE_MAX_NUM_SEQS"),
+            gpu_memory_utilization=value(src, "KVGATE_GPU_MEMORY_UTILIZATION"),
+            cuda_graphs=value(src, "KVGATE_CUDA_GRAPHS"),
             default_max_tokens=default_max,
             default_temperature=value(src, "KVGATE_DEFAULT_TEMPERATURE"),
             default_top_p=value(src, "KVGATE_DEFAULT_TOP_P"),
@@ -366,6 +377,8 @@ class ModelSettings:
             "device": self.device,
             "dtype": self.dtype,
             "max_num_seqs": self.max_num_seqs,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "cuda_graphs": self.cuda_graphs,
         }
         if self.kv_cache_bytes is not None:
             out["kv_cache_bytes"] = self.kv_cache_bytes
