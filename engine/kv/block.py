@@ -6,6 +6,8 @@ States of a block (``key`` is its content key, ``ref_count`` counts requests hol
     PENDING  keyed, being computed by ``owner``; ref >= 1 (the owner always holds it)
     READY    keyed, K/V written; shared by ``ref_count`` requests, or idle (ref 0) and
              reclaimable unless pinned
+    LOADING  keyed, K/V being copied in from the host tier (engine/kv/host_tier.py); read only
+             after the copy completes; never reclaimed before that, even with ref 0
 
 A keyed block's ``pos`` is its index in every block table that holds it (the key hashes the
 whole chain up to it), and ``parent`` is the keyed block at ``pos - 1`` (None at the root).
@@ -20,6 +22,7 @@ class BlockState(Enum):
     EMPTY = "empty"
     PENDING = "pending"
     READY = "ready"
+    LOADING = "loading"
 
 
 class Block:
@@ -54,8 +57,13 @@ class Block:
 
     @property
     def is_idle(self) -> bool:
-        """Keyed, held by no request and no pin: reclaimable (always READY by invariant)."""
-        return self.key is not None and self.ref_count == 0 and self.pin_count == 0
+        """READY, held by no request and no pin: reclaimable."""
+        return (
+            self.key is not None
+            and self.ref_count == 0
+            and self.pin_count == 0
+            and self.state is BlockState.READY
+        )
 
     def reset(self) -> None:
         """Back to EMPTY (after eviction or drop); links must already be cut by the caller."""

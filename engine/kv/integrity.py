@@ -6,6 +6,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from engine.kv.block import BlockState
+from engine.kv.tiering import check_tiers
 
 if TYPE_CHECKING:
     from engine.kv.prefix_cache import PrefixCache
@@ -18,6 +19,7 @@ def check_integrity(cache: PrefixCache) -> None:
     _check_index(cache)
     _check_pool(cache)
     _check_pins(cache)
+    check_tiers(cache)
 
 
 def _check_requests(cache: PrefixCache) -> Counter[int]:
@@ -65,7 +67,9 @@ def _check_blocks(cache: PrefixCache, holders: Counter[int]) -> None:
             assert block.owner is None and block.parent is None, f"unkeyed {block!r} has links"
             continue
         assert block.state is not BlockState.EMPTY, f"keyed {block!r} is EMPTY"
-        if block.state is BlockState.PENDING:
+        if block.state is BlockState.LOADING:
+            pass  # engine/kv/tiering.py checks it
+        elif block.state is BlockState.PENDING:
             pending += 1
             owner = cache.requests.get(block.owner)  # type: ignore[arg-type]
             assert owner is not None, f"{block!r}: owner is not a live request"

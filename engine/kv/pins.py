@@ -41,6 +41,11 @@ class PinTable:
         self.handles: dict[int, tuple[Block, ...]] = {}
         self._next_id = 0
 
+    def new_id(self) -> int:
+        """A pin id (shared with host pins, so ``unpin`` finds a handle by id alone)."""
+        self._next_id += 1
+        return self._next_id
+
     def pin(
         self, namespace: str, blocks: list[Block], num_tokens: int, pool: BlockPool
     ) -> PinHandle | PinFailure:
@@ -60,10 +65,10 @@ class PinTable:
                 if block.ref_count == 0:
                     pool.unmark_idle(block)
             block.pin_count += 1
-        self._next_id += 1
-        self.handles[self._next_id] = tuple(blocks)
+        pin_id = self.new_id()
+        self.handles[pin_id] = tuple(blocks)
         ids = tuple(b.block_id for b in blocks)
-        return PinHandle(self._next_id, namespace, ids, num_tokens)
+        return PinHandle(pin_id, namespace, ids, num_tokens)
 
     def unpin(self, handle: PinHandle, pool: BlockPool, tick: int) -> None:
         blocks = self.handles.pop(handle.pin_id, None)

@@ -9,6 +9,10 @@ Life of a keyed block::
       +---- dropped ---------+  holder (Handoff), or dropped when nobody else holds it
       +---- evicted --------------------------------------------------------------- idle
 
+Host tier (engine/kv/tiering.py): evicted READY blocks of high enough priority are copied to
+host memory; lookups continue from the device chain into host entries, restored into LOADING
+device blocks; pins beyond the device pin cap live in the host tier.
+
 Invariants (``check_integrity``): ref_count == number of requests whose table holds the block;
 a PENDING block's owner is alive and holds it; a READY block's parent is READY; a holder of a
 block holds its whole chain; idle blocks are READY; EMPTY blocks with ref 0 are in the free deque.
@@ -18,13 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from engine.kv import tiering
 from engine.kv.block import Block, BlockState
 from engine.kv.handoff import inherit, pick_heir
+from engine.kv.host_tier import HostTier
 from engine.kv.index import KeyIndex, NullIndex
 from engine.kv.integrity import check_integrity
 from engine.kv.pins import PinTable, resolve_pin
 from engine.kv.pool import BlockPool
 from engine.kv.request import RequestState
+from engine.kv.transfers import TransferPlan
 from engine.kv.types import (
     DEFAULT_PRIORITY,
     Allocation,
@@ -39,6 +46,9 @@ from engine.kv.types import (
 
 PENDING = BlockState.PENDING
 READY = BlockState.READY
+LOADING = BlockState.LOADING
+COPY_OWNER = "__host-copy__"  # PrefixMatch.owners entry of a LOADING block
+HOST_THRESHOLD = 20  # default: prompt blocks (35) are offloaded, decode blocks (10) dropped
 
 
 class PrefixCache:
@@ -50,6 +60,9 @@ class PrefixCache:
         pin_cap_fraction: float = 0.5,
         default_priority: int = DEFAULT_PRIORITY,
         listener: CacheListener | None = None,
+        host_blocks: int = 0,
+        host_threshold: int = HOST_THRESHOLD,
+        block_bytes: int = 0,
     ) -> None:
         if block_size < 1 or block_size > 64 or block_size & (block_size - 1):
             raise ValueError(f"block_size must be a power of two in 1..64, got {block_size}")
@@ -61,6 +74,8 @@ class PrefixCache:
         self.index: KeyIndex | NullIndex = KeyIndex() if enable_reuse else NullIndex()
         self.pins = PinTable(int(pin_cap_fraction * num_blocks))
         self.requests: dict[str, RequestState] = {}
+        host = HostTier(host_blocks, host_threshold, lambda key: tiering.notify(self, key, None))
+        self.tiers = tiering.TierState(host, block_bytes)
         self._tick = 0  # logical clock: a block's last_access is the tick it was last released
         self._admitted = 0
         self._num_pending = 0
@@ -88,7 +103,7 @@ class PrefixCache:
         return PrefixMatch(
             tuple([b.block_id for b in blocks]),
             tuple([b.state for b in blocks]),
-            tuple([b.owner for b in blocks]),
+            tuple([COPY_OWNER if b.state is LOADING else b.owner for b in blocks]),
             self.block_size,
         )
 
@@ -143,25 +158,29 @@ class PrefixCache:
             raise ValueError(f"request {request_id!r}: empty prompt")
         num_full = len(token_ids) // bs
         keys = self._prompt_keys(request_id, namespace, token_ids)
-        matched = self.index.match(keys[: (len(token_ids) - 1) // bs])
+        cap = (len(token_ids) - 1) // bs
+        matched = self.index.match(keys[:cap])
+        hosted = tiering.host_continuation(self, matched, keys[len(matched) : cap])
         num_new = -(-len(token_ids) // bs) - len(matched)
         # matched idle blocks are about to be held: they cannot also be evicted for this request
         if num_new > self.pool.num_allocatable - len(matched):  # exact count only when tight
-            taken_idle = len([b for b in matched if b.ref_count == 0 and b.pin_count == 0])
+            taken_idle = len([b for b in matched if b.is_idle])
             if num_new > self.pool.num_allocatable - taken_idle:
                 self._refused = (request_id, namespace, list(token_ids), keys)
                 return None
         self._refused = None
         self._admitted += 1
-        match = self._as_match(matched)
-        seq = RequestState(request_id, namespace, self._admitted, match, priorities)
+        self.tiers.host.hold(hosted)  # evictions below may offload: keep these entries
+        seq = RequestState(request_id, namespace, self._admitted, self._as_match([]), priorities)
         self.requests[request_id] = seq
         seq.tokens.extend(token_ids)
         seq.keys = keys
         self._attach(seq, matched)
-        seq.num_attached = len(matched)
+        seq.num_attached = len(matched) + len(hosted)
         self._append_blocks(seq, num_new)
-        self._register(seq, len(matched), num_full)
+        tiering.restore(self, seq, len(matched), hosted)
+        self._register(seq, seq.num_attached, num_full)
+        match = seq.match = self._as_match(seq.blocks[: seq.num_attached])
         self._query_tokens += len(token_ids)
         self._hit_tokens += match.num_tokens
         seq.allocation = Allocation(tuple(seq.block_ids), match.num_tokens, match)
@@ -190,7 +209,7 @@ class PrefixCache:
         for pos, block in enumerate(matched):
             if block.ref_count == 0:
                 self._num_in_use += 1
-                if block.pin_count == 0:  # idle -> held (pool.unmark_idle, inlined)
+                if block.pin_count == 0 and block.state is READY:  # idle -> held (inlined)
                     pool.num_idle -= 1
                     block.heap_stamp = 0
             block.ref_count += 1
@@ -258,7 +277,7 @@ class PrefixCache:
             if block.state is PENDING and block.owner == request_id:
                 if (pos + 1) * bs > seq.num_computed:
                     break
-                if block.parent is not None and block.parent.state is PENDING:
+                if block.parent is not None and block.parent.state is not READY:
                     break
                 self._promote(block)
             seq.owned_pos += 1
@@ -325,7 +344,7 @@ class PrefixCache:
                 self._num_in_use -= 1
                 if block.key is None:
                     self.pool.push_free(block)
-                elif block.pin_count == 0:
+                elif block.is_idle:  # not LOADING: that one turns idle when its copy is done
                     block.last_access = self._tick
                     self.pool.mark_idle(block)
         for owner_id in seq.owners:
@@ -359,6 +378,7 @@ class PrefixCache:
         if block is None:
             return None
         key = block.key
+        tiering.offload(self, block)
         self._unlink(block)
         self._evictions += 1
         if self.listener is not None:
@@ -383,12 +403,27 @@ class PrefixCache:
         found = resolve_pin(self.index, namespace, token_ids, self.block_size)
         if isinstance(found, PinFailure):
             return found
-        return self.pins.pin(namespace, found, len(found) * self.block_size, self.pool)
+        num_tokens = len(found) * self.block_size
+        result = self.pins.pin(namespace, found, num_tokens, self.pool)
+        if isinstance(result, PinFailure) and result.num_new_blocks:  # beyond the device cap
+            return tiering.pin_in_host(self, namespace, found, num_tokens, result)
+        return result
 
     def unpin(self, handle: PinHandle) -> None:
         """Release a pin (idempotent); its blocks fall back to priority/LRU retention."""
         self._tick += 1
-        self.pins.unpin(handle, self.pool, self._tick)
+        if not self.tiers.host.unpin(handle.pin_id, self._tick):
+            self.pins.unpin(handle, self.pool, self._tick)
+
+    # ---------------------------------------------------------------- tier transfers
+
+    def take_transfers(self) -> TransferPlan:
+        """Copies planned since the last call, in order; the runner does them before the step's
+        forward, then the engine calls ``finish_transfers``."""
+        return tiering.take(self)
+
+    def finish_transfers(self, plan: TransferPlan, elapsed_us: int = 0) -> None:
+        tiering.finish(self, plan, elapsed_us)
 
     # ---------------------------------------------------------------- observation
 
@@ -403,6 +438,7 @@ class PrefixCache:
             query_tokens=self._query_tokens,
             hit_tokens=self._hit_tokens,
             evictions=self._evictions,
+            **tiering.stats(self),
         )
 
     def check_integrity(self) -> None:

@@ -72,8 +72,9 @@ class PriorityRange(NamedTuple):
 class PinHandle:
     pin_id: int
     namespace: str
-    block_ids: tuple[int, ...]
+    block_ids: tuple[int, ...]  # device blocks ("device" pins); empty for a host pin
     num_tokens: int
+    tier: str = "device"  # "device", or "host": beyond the device pin cap, pinned in host memory
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,16 @@ class CacheStats:
     query_tokens: int
     hit_tokens: int
     evictions: int
+    # host tier (engine/kv/host_tier.py); hit_tokens includes host_hit_tokens
+    host_blocks_total: int = 0
+    host_blocks_cached: int = 0
+    host_blocks_pinned: int = 0
+    host_hit_tokens: int = 0
+    blocks_offloaded: int = 0  # device -> host copies
+    blocks_restored: int = 0  # host -> device copies
+    bytes_offloaded: int = 0
+    bytes_restored: int = 0
+    transfer_us: int = 0  # time spent performing the copies (restore latency, summed)
 
     @property
     def hit_rate(self) -> float:

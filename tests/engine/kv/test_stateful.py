@@ -4,6 +4,11 @@ The model keeps one entry per cached full-block prefix (keyed like the cache, pe
 its state, owner, holders and pins, and predicts every result: hits, PENDING owners, handoffs,
 allocation failures, pin outcomes. Evictions are observed through the listener and checked
 (leaf first, never pinned or held) as they happen.
+
+The host tier is part of the model: offloads and host reclaims are observed through the
+listener's ``on_tier`` (a reclaimed entry is never pinned or held by an admission in progress);
+lookups continue from a READY device chain into host entries, whose restored device blocks are
+LOADING until the copy step (which may abort a request first); host pins hold their entries.
 """
 
 from __future__ import annotations
@@ -16,8 +21,13 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from engine.kv import BlockState, PinHandle, PrefixCache
 from engine.kv.hashing import block_keys, root_key
+from engine.kv.prefix_cache import COPY_OWNER
+from engine.kv.transfers import Direction
+
+READY = BlockState.READY
 
 NUM_BLOCKS = 20
+HOST_BLOCKS = 6
 NAMESPACES = ("a", "b", "c")
 # shared "system prompts" (repeats weight the draw) so that prefixes collide often
 BASES = ((1, 2, 3, 4, 5, 6, 7, 8),) * 3 + ((1, 2, 3, 4, 9, 9), (5,), ())
@@ -48,10 +58,15 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @initialize(bs=st.sampled_from([1, 2, 4]))
     def setup(self, bs: int) -> None:
         self.bs = bs
-        self.cache = PrefixCache(NUM_BLOCKS, bs, listener=self)
+        self.cache = PrefixCache(
+            NUM_BLOCKS, bs, listener=self, host_blocks=HOST_BLOCKS, pin_cap_fraction=0.25
+        )
+        self.host: dict[bytes, int] = {}  # key -> host pin count
+        self.host_protected: set[bytes] = set()
+        self.loading_taken: set[bytes] = set()
         self.entries: dict[bytes, Entry] = {}
         self.reqs: dict[str, Req] = {}
-        self.pins: dict[int, tuple[PinHandle, list[bytes]]] = {}
+        self.pins: dict[int, tuple[PinHandle, list[bytes]]] = {}  # device and host pins
         self.next_id = 0
         self.stored: list[bytes] = []
         self.protected: set[bytes] = set()  # matched by the allocation in progress
@@ -74,6 +89,20 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert not any(e.parent == key for e in self.entries.values()), "evicted a non-leaf"
         self.evicted.append(key)
 
+    def on_tier(self, key: bytes, tier: str | None) -> None:
+        if tier == "host":
+            assert key not in self.host, "offloaded a key the host already holds"
+            entry = self.entries.get(key)
+            assert entry is not None and entry.state is BlockState.READY, "offloaded non-READY"
+            self.host[key] = 0
+        elif tier is None:
+            assert self.host.pop(key) == 0, "reclaimed a host-pinned entry"
+            assert key not in self.host_protected, "reclaimed a host entry being restored"
+        else:
+            entry = self.entries[key]
+            assert entry.state is BlockState.LOADING, "restore completed for a non-LOADING block"
+            assert key in self.loading_taken, "restore completed before its copy was planned"
+
     # ------------------------------------------------------------------ model helpers
 
     def _keys(self, ns: str, tokens: list[int], first: int, last: int, parent=None) -> list[bytes]:
@@ -83,7 +112,19 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         private = sum(-(-len(r.tokens) // self.bs) - len(r.held) for r in self.reqs.values())
         held = sum(1 for e in self.entries.values() if e.holders)
         pinned_only = sum(1 for e in self.entries.values() if e.pins and not e.holders)
-        return NUM_BLOCKS - private - held - pinned_only
+        loading = sum(
+            1 for e in self.entries.values() if e.state is BlockState.LOADING and not e.holders
+        )
+        return NUM_BLOCKS - private - held - pinned_only - loading
+
+    def _host_run(self, keys: list[bytes], k: int, cap: int) -> int:
+        """How many host entries continue a device chain of k blocks (READY at its end)."""
+        if k and self.entries[keys[k - 1]].state is not BlockState.READY:
+            return 0
+        h = 0
+        while k + h < cap and keys[k + h] in self.host:
+            h += 1
+        return h
 
     def _register(self, rid: str, req: Req, keys: list[bytes], first: int) -> None:
         for pos in range(first, first + len(keys)):
@@ -138,26 +179,35 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.next_id += 1
         n_full = len(tokens) // self.bs
         keys = self._keys(ns, tokens, 0, n_full)
+        cap = (len(tokens) - 1) // self.bs
         k = 0
-        while k < (len(tokens) - 1) // self.bs and keys[k] in self.entries:
+        while k < cap and keys[k] in self.entries:
             k += 1
+        h = self._host_run(keys, k, cap)
         matched = [self.entries[key] for key in keys[:k]]
-        idle_taken = sum(1 for e in matched if not e.holders and not e.pins)
+        idle_taken = sum(1 for e in matched if not e.holders and not e.pins and e.state is READY)
         expect_none = -(-len(tokens) // self.bs) - k > self._allocatable() - idle_taken
         self.protected = set(keys[:k])
+        self.host_protected = set(keys[k : k + h])
         alloc = self.cache.allocate(rid, ns, tokens)
-        self.protected = set()
+        self.protected = self.host_protected = set()
         assert (alloc is None) == expect_none
         if alloc is None:
             return
-        assert alloc.num_cached_tokens == k * self.bs, "hits != longest cached prefix"
-        assert alloc.match.states == tuple(e.state for e in matched)
-        assert alloc.match.owners == tuple(e.owner for e in matched)
+        assert alloc.num_cached_tokens == (k + h) * self.bs, "hits != longest cached prefix"
+        loading = (BlockState.LOADING,) * h
+        assert alloc.match.states == tuple(e.state for e in matched) + loading
+        owners = tuple(COPY_OWNER if e.state is BlockState.LOADING else e.owner for e in matched)
+        assert alloc.match.owners == owners + (COPY_OWNER,) * h
         self.seen.append((ns, tuple(tokens)))
         req = self.reqs[rid] = Req(ns, self.next_id, tokens, list(keys[:k]))
         for e in matched:
             e.holders.add(rid)
-        self._register(rid, req, keys[k:], k)
+        for pos in range(k, k + h):
+            parent = keys[pos - 1] if pos else None
+            self.entries[keys[pos]] = Entry(ns, BlockState.LOADING, None, pos, parent, {rid})
+            req.held.append(keys[pos])
+        self._register(rid, req, keys[k + h :], k + h)
 
     @rule(data=st.data(), extra=st.lists(st.integers(0, 3), min_size=1, max_size=3))
     @precondition(lambda self: self.reqs)
@@ -184,6 +234,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self._commit(rid, data.draw(st.integers(req.computed, len(req.tokens))))
 
     def _commit(self, rid: str, n: int) -> None:
+        self._copy_step(None)  # the engine runs a step's copies before its forward
         self.stored = []
         self.cache.commit(rid, n)
         self.reqs[rid].computed = n
@@ -235,26 +286,40 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         handoffs = self.cache.free(rid)
         assert {h.request_id: h.from_token for h in handoffs} == expected
 
-    @rule(data=st.data(), n=st.integers(1, 3))
+    @rule(data=st.data(), n=st.integers(1, 8))
     @precondition(lambda self: self.seen)
     def pin(self, data, n: int) -> None:
         ns, prompt = data.draw(st.sampled_from(self.seen))
         tokens = list(prompt[: n * self.bs])
         n_full = len(tokens) // self.bs
         keys = self._keys(ns, tokens, 0, n_full)
-        ok = n_full > 0 and all(
+        ready = n_full > 0 and all(
             k in self.entries and self.entries[k].state is BlockState.READY for k in keys
         )
-        if ok:
+        in_cap = False
+        if ready:
             pinned = sum(1 for e in self.entries.values() if e.pins)
             new = sum(1 for k in keys if not self.entries[k].pins)
-            ok = pinned + new <= self.cache.pins.cap_blocks
+            in_cap = pinned + new <= self.cache.pins.cap_blocks
+        missing = sum(1 for k in keys if k not in self.host)
+        free_slots = HOST_BLOCKS - len(self.host)
         result = self.cache.pin(ns, tokens)
-        assert isinstance(result, PinHandle) == ok, result
-        if ok:
-            for k in keys:
+        if not ready or in_cap:
+            assert isinstance(result, PinHandle) == ready, result
+            assert not ready or result.tier == "device"
+        elif isinstance(result, PinHandle):  # beyond the device cap: pinned in the host tier
+            assert result.tier == "host" and not result.block_ids
+        else:  # the host tier could not take it
+            assert missing > free_slots, result
+        if not isinstance(result, PinHandle):
+            return
+        self.pins[result.pin_id] = (result, keys)
+        for k in keys:
+            if result.tier == "host":
+                assert k in self.host, "host pin without a host entry"
+                self.host[k] += 1
+            else:
                 self.entries[k].pins += 1
-            self.pins[result.pin_id] = (result, keys)
 
     @rule(data=st.data())
     @precondition(lambda self: self.pins)
@@ -263,14 +328,27 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         handle, keys = self.pins.pop(pin_id)
         self.cache.unpin(handle)
         for k in keys:
-            self.entries[k].pins -= 1
+            if handle.tier == "host":
+                self.host[k] -= 1
+            else:
+                self.entries[k].pins -= 1
 
     @rule(n=st.integers(1, 6))
     def evict(self, n: int) -> None:
         count = self.cache.evict(n)
         assert 0 <= count <= n
-        if count < n:
-            assert not any(not e.holders and not e.pins for e in self.entries.values())
+        if count < n:  # nothing evictable left (a block under a LOADING one stays)
+            above_loading: set[bytes] = set()
+            for e in self.entries.values():
+                parent = e.parent if e.state is BlockState.LOADING else None
+                while parent is not None and parent not in above_loading:
+                    above_loading.add(parent)
+                    parent = self.entries[parent].parent
+            assert not any(
+                not e.holders and not e.pins and e.state is BlockState.READY
+                for k, e in self.entries.items()
+                if k not in above_loading
+            )
 
     @rule(ns=NS_DRAW, base=st.sampled_from(BASES))
     def lookup(self, ns: str, base: tuple[int, ...]) -> None:
@@ -279,7 +357,46 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         k = 0
         while k < len(keys) and keys[k] in self.entries:
             k += 1
-        assert self.cache.lookup(ns, tokens).num_tokens == k * self.bs
+        assert self.cache.lookup(ns, tokens).num_tokens == k * self.bs  # lookup: device only
+
+    @rule(ns=NS_DRAW, base=st.sampled_from(BASES), tail=st.lists(st.integers(0, 3), max_size=4))
+    def round_trip(self, ns: str, base: tuple[int, ...], tail: list[int]) -> None:
+        """A prompt is computed, released and evicted (offloaded), then asked for again."""
+        tokens = [*base, *tail] or [0]
+        rid = f"r{self.next_id}"
+        self._admit(ns, tokens)
+        if rid not in self.reqs:
+            return
+        self._commit(rid, len(tokens))
+        self._free(rid)
+        self.evict(NUM_BLOCKS)
+        self._admit(ns, tokens)
+
+    @rule(data=st.data(), abort=st.booleans())
+    def copy_step(self, data, abort: bool) -> None:
+        """The engine's copy step; ``abort``: a request holding a LOADING block leaves while its
+        copy is in flight (between the plan and its completion)."""
+        victims = sorted(
+            rid
+            for rid, r in self.reqs.items()
+            if any(self.entries[k].state is BlockState.LOADING for k in r.held)
+        )
+        self._copy_step(data.draw(st.sampled_from(victims)) if abort and victims else None)
+
+    def _copy_step(self, abort: str | None) -> None:
+        plan = self.cache.take_transfers()
+        loading = {k for k, e in self.entries.items() if e.state is BlockState.LOADING}
+        self.loading_taken = loading
+        by_id = {b.block_id: k for k, b in self.cache.index.items()}
+        ins = [by_id[t.block_id] for t in plan.transfers if t.direction is Direction.IN]
+        assert set(ins) <= loading and len(set(ins)) == len(ins), "copy-in of a non-LOADING block"
+        if abort is not None:
+            self._free(abort)
+            self.matches_model()
+        self.cache.finish_transfers(plan)
+        for k in loading:
+            self.entries[k].state = BlockState.READY
+        self.loading_taken = set()
 
     # ------------------------------------------------------------------ invariants
 
@@ -295,6 +412,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         stats = self.cache.stats()
         assert stats.blocks_free == self._allocatable()
         assert stats.blocks_pinned == sum(1 for e in self.entries.values() if e.pins)
+        assert set(self.cache.tiers.host.entries) == set(self.host), "host tier != model"
+        assert stats.host_blocks_pinned == sum(1 for c in self.host.values() if c)
 
 
 PrefixCacheMachine.TestCase.settings = settings(
