@@ -19,6 +19,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # CUDA: device share for weights + activations + KV
     cuda_graphs: bool = True  # CUDA: replay decode steps from graphs captured per batch bucket
     pin_cap_fraction: float = 0.5  # pinned blocks may take at most this share of the pool
+    host_kv_bytes: int = 0  # host-memory KV tier (engine/kv/host_tier.py); 0: no host tier
+    host_offload_priority: int = 20  # evicted blocks at or above it go to the host tier
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 
@@ -30,6 +32,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
         if not 0.0 <= self.pin_cap_fraction <= 1.0:
             raise ValueError(f"pin_cap_fraction must be in [0, 1], got {self.pin_cap_fraction}")
+        if self.host_kv_bytes < 0 or not 0 <= self.host_offload_priority <= 100:
+            raise ValueError("host_kv_bytes must be >= 0, host_offload_priority in 0..100")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

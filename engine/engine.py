@@ -70,6 +70,9 @@ class EngineCore:
             enable_reuse=config.enable_prefix_reuse,
             pin_cap_fraction=config.pin_cap_fraction,
             listener=listener,
+            host_blocks=getattr(runner, "num_host_blocks", 0),
+            host_threshold=config.host_offload_priority,
+            block_bytes=getattr(runner, "block_bytes", 0),
         )
         self.scheduler = Scheduler(
             config,
@@ -156,11 +159,18 @@ class EngineCore:
     def step(self) -> list[RequestOutput]:
         """One schedule -> execute -> update; outputs of user requests that advanced."""
         batch = self.scheduler.schedule()
+        self.flush_transfers()  # host-tier copies this batch reads (or frees) come first
         sampled: list[int | TokenLogprob | None] = []
         if not batch.is_empty:
             sampled = list(self.runner.execute(batch))
             self.num_model_tokens += batch.num_tokens
         return self._route(self.scheduler.update(batch, sampled))
+
+    def flush_transfers(self) -> None:
+        """Perform the device <-> host copies the cache planned (engine/kv/transfers.py)."""
+        plan = self.cache.take_transfers()
+        if not plan.is_empty:
+            self.cache.finish_transfers(plan, self.runner.transfer(plan))
 
     def _route(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """Complete pin jobs whose internal request finished; return the user outputs."""

@@ -23,6 +23,7 @@ from engine.cuda_graphs import Capture, DecodeGraphs, StaticInputs, cuda_capture
 from engine.device import bind_device, choose_dtype, describe, resolve_device
 from engine.kernels import check_step
 from engine.kernels.metadata import AttentionMetadata
+from engine.kv.transfers import TransferPlan
 from engine.model.config import ModelConfig, ModelLoadError
 from engine.model.decoder import Decoder, KVCache
 from engine.model.inputs import StepInputs, build_step_inputs
@@ -38,6 +39,7 @@ from engine.model.tokenizer import Tokenizer
 from engine.outputs import TokenLogprob
 from engine.params import SamplingParams
 from engine.sampling import Sampler
+from engine.tiers.host_pool import HostKVPool
 from engine.warmup import StepLimits, WarmupReport, profile_batch, run_warmup
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,13 @@ class ModelRunner:
         self.vocab_size = model_config.vocab_size
         self.eos_token_ids: tuple[int, ...] = tokenizer.eos_token_ids
         self.sampler = Sampler()  # carries per-request penalty counts between steps
+        per_block = block_bytes(model_config, config.block_size, kv_caches[0][0].dtype)
+        host_blocks = config.host_kv_bytes // per_block
+        self.host_pool = HostKVPool(kv_caches, host_blocks) if host_blocks else None
+        self.num_host_blocks = host_blocks
+        self.block_bytes = per_block
         self.graphs: DecodeGraphs | None = None  # captured by capture_graphs (CUDA)
+        self.startup: dict[str, float] = {}  # seconds of warm-up and graph capture
 
     @classmethod
     def from_pretrained(
@@ -113,6 +121,7 @@ class ModelRunner:
             k.zero_()
             v.zero_()
         log.info("warm-up: %d steps in %.1f s", report.steps, report.seconds)
+        self.startup.update(warmup_s=report.seconds, warmup_steps=report.steps)
         return report
 
     def capture_graphs(self, capture: Capture | None = None) -> float:
@@ -126,6 +135,7 @@ class ModelRunner:
         graphs.capture(capture or cuda_capture(self.device))
         self.graphs = graphs
         seconds = time.perf_counter() - start
+        self.startup.update(graphs_s=seconds, graph_buckets=len(buckets))
         log.info("CUDA graphs: %d decode buckets up to %d in %.1f s", len(buckets),
                  max(buckets), seconds)  # fmt: skip
         return seconds
@@ -143,6 +153,11 @@ class ModelRunner:
         self.compute_logits(batch)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def transfer(self, plan: TransferPlan) -> int:
+        """Copies between the device KV cache and the host tier, before the step's forward."""
+        assert self.host_pool is not None, "transfer plan without a host tier"
+        return self.host_pool.run(self.kv_caches, plan)
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
         """The step's tensors, validated once for all layers (``check_step``)."""
