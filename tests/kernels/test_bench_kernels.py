@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 from bench.kernels import main
 
@@ -47,3 +49,25 @@ def test_tile_sweep_patches_and_restores_the_tile_choice():
         f"RuntimeError: out of resources at block_n={bn}" for bn, _ in DECODE_CANDIDATES
     ]
     assert decode.gpu_tiles is original_decode
+
+
+def test_gpu_check_script_dry_run_writes_both_results(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(OUT=str(tmp_path), PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(
+        ["bash", str(root / "bench" / "gpu_check.sh"), "--dry-run"], env=env, cwd=root,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    kernels = json.loads((tmp_path / "kernels.json").read_text())
+    engine = json.loads((tmp_path / "engine.json").read_text())
+    assert kernels["dry_run"] is True and engine["dry_run"] is True
+    assert engine["parity"]["top1_agreement"] == 1.0  # float32 on the CPU: HF's logits
+    assert engine["parity"]["max_abs_diff"] < 1e-4
+    for section in ("startup", "prefill", "decode", "burst"):
+        assert engine[section], section
+    assert engine["decode"]["batch_1"]["eager_tokens_per_s"] > 0
