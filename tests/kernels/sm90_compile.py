@@ -27,7 +27,7 @@ from engine.kernels.triton.rope import _rope_kernel
 from engine.kernels.triton.store_kv import _store_kv_kernel
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-INDEX_PTRS = {"bt_ptr", "qsl_ptr", "ctx_ptr", "seq_ptr", "seg_q_ptr", "seg_kv_ptr"}
+INDEX_PTRS = {"bt_ptr", "qsl_ptr", "ctx_ptr", "seq_ptr", "seg_q_ptr", "seg_kv_ptr", "seg_idx_ptr"}
 I64_PTRS = {"slot_ptr", "pos_ptr"}
 F32_PTRS = {"part_o_ptr", "part_lse_ptr", "lse_ptr", "shared_o_ptr", "shared_lse_ptr"}
 NOT_ALIGNED = {
@@ -94,25 +94,29 @@ def _attention_consts(tiles: Tiles, head_dim: int, dtype: str) -> dict:
 def production_configs() -> dict[str, tuple[JITFunction, str, dict, Tiles]]:
     """The GPU launch shapes of every kernel (both head dims, decode and cascade tiles)."""
     out = {}
-    extend = ((64, 2048, "fp16", True), (128, 2048, "bf16", False), (128, 64, "fp16", True),
-              (128, 1, "bf16", False))  # fmt: skip
-    for head_dim, query_len, dtype, lse in extend:
+    extend = ((64, 2048, "fp16", True, False), (128, 2048, "bf16", False, True),
+              (128, 64, "fp16", True, False), (128, 1, "bf16", False, False))  # fmt: skip
+    for head_dim, query_len, dtype, lse, skip in extend:
         tiles = prefill.gpu_tiles(head_dim, query_len)
-        consts = {**_attention_consts(tiles, head_dim, dtype), "WRITE_LSE": lse}
+        consts = {
+            **_attention_consts(tiles, head_dim, dtype), "WRITE_LSE": lse, "SKIP_SINGLE": skip,
+        }  # fmt: skip
         out[f"extend_d{head_dim}_m{tiles.block_m}"] = (prefill._extend_kernel, dtype, consts, tiles)
     # decode with partials, decode writing the output directly, cascade's shared pass, and
     # cascade's single-split suffix pass merging the shared partials
+    # and the decode rows of a mixed batch (indexed segments, direct output)
     split_kv = (
-        ("split_kv_d64_m16", 64, 2, False, False),
-        ("split_kv_d128_m16_direct", 128, 7, True, False),
-        ("split_kv_d128_m128", 128, 32 * 7, False, False),
-        ("split_kv_d128_m16_merge", 128, 7, True, True),
+        ("split_kv_d64_m16", 64, 2, False, False, False),
+        ("split_kv_d128_m16_direct", 128, 7, True, False, False),
+        ("split_kv_d128_m128", 128, 32 * 7, False, False, False),
+        ("split_kv_d128_m16_merge", 128, 7, True, True, False),
+        ("split_kv_d128_m16_indexed", 128, 7, True, False, True),
     )
-    for name, head_dim, rows, direct, merge in split_kv:
+    for name, head_dim, rows, direct, merge, indexed in split_kv:
         tiles = decode.gpu_tiles(head_dim, rows)
         consts = {
             **_attention_consts(tiles, head_dim, "bf16"), "SINGLE_SEGMENT": rows > 16,
-            "DIRECT": direct, "MERGE_SHARED": merge,
+            "INDEXED": indexed, "DIRECT": direct, "MERGE_SHARED": merge,
         }  # fmt: skip
         out[name] = (decode._split_kv_kernel, "bf16", consts, tiles)
     merge_consts = {"HEAD_DIM": 128, "BLOCK_P": decode.MERGE_BLOCK_P}

@@ -24,8 +24,8 @@ def test_kernels_compile_for_sm90_without_register_spills():
     assert set(usage) == {
         "extend_d64_m128", "extend_d128_m128", "extend_d128_m64", "extend_d128_m16",
         "split_kv_d64_m16", "split_kv_d128_m16_direct",
-        "split_kv_d128_m128", "split_kv_d128_m16_merge", "merge", "store_kv", "rms_norm",
-        "rope_store_kv",
+        "split_kv_d128_m128", "split_kv_d128_m16_merge", "split_kv_d128_m16_indexed", "merge",
+        "store_kv", "rms_norm", "rope_store_kv",
     }  # fmt: skip
     for name, res in usage.items():
         assert res["STACK"] == 0 and res["LOCAL"] == 0, (name, res)  # no spills
