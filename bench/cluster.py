@@ -1,7 +1,7 @@
 """``kvgate bench cluster``: routing quality of tenant placement across worker processes.
 
 Workers on loopback with the demo model (a 2-core machine cannot show throughput scaling, so
-this measures where prompts are found, not speed). 40 tenants with 320-token system prompts whose
+this measures where prompts are found, not speed). 40 tenants with 1024-token system prompts whose
 blocks together take ~3x one worker's pin budget, Zipf(1.1) tenant popularity, Poisson arrivals,
 multi-turn conversations (a follow-up turn carries the earlier turns). Three policies run through
 the same ``ClusterEngine`` (health checks, retries, pin reconciliation); they differ only in the
@@ -12,13 +12,14 @@ placement of pins and the routing of requests::
                   engine does alone); requests go to the workers in turn
     tenant_hash   a tenant lives on worker hash(tenant) mod N (pinned there if it fits)
 
-Hit rate: prompt tokens served from cache over the requests after the first 25% of a run (the
-first sight of an unpinned tenant's prompt is a compulsory miss; ``hit_rate_with_warm_up`` counts
-every request). Scenarios: steady state with 2 and 3 workers; one worker of 3 killed; a third
-worker added to 2. Re-placement time: from the kill (or from the new worker first answering)
-until every tenant's pins match the placement over the live workers. Hit-rate dip: the lowest
-prompt-cache hit rate of a 2-second window after the event, against the mean of the windows
-before it.
+Hit rate: prompt tokens served from cache over the requests of the second half of a run (steady
+state: the tenants' request rates, averaged over 12 s, have settled, and so has the placement that
+follows them; ``hit_rate_with_warm_up`` counts every request, first sights of cold prompts too).
+
+Scenarios: steady state with 2 and 3 workers; one worker of 3 killed; a third worker added to
+2. Re-placement time: from the kill (or from the new worker first answering) until every tenant's
+pins match the placement over the live workers. Hit-rate dip: the lowest prompt-cache hit rate
+of a 2-second window after the event, against the mean of the windows before it.
 """
 
 from __future__ import annotations
@@ -44,13 +45,15 @@ TOKEN = "bench-cluster-token"
 BLOCK = 16
 BLOCK_BYTES = 65536  # demo model: 4 layers x 2 (K, V) x 2 heads x 64 dims x 4 bytes x 16 tokens
 WINDOW_S = 2.0
-WARM_UP = 0.25  # share of a run whose requests count only in hit_rate_with_warm_up
+WARM_UP = 0.5  # share of a run whose requests count only in hit_rate_with_warm_up
+LOAD_WINDOW_S = 2.0  # tenant rate buckets: 6 of them (12 s) fill within the warm-up
+EVENT_AT = 0.6  # share of a run after which a worker is killed or added
 
 
 @dataclass(frozen=True)
 class Workload:
     tenants: int = 40
-    system_blocks: int = 20
+    system_blocks: int = 64
     zipf_s: float = 1.1
     rate: float = 6.0  # requests/s
     duration_s: float = 20.0
@@ -88,8 +91,9 @@ def system_prompt(tenant: int, blocks: int) -> list[int]:
     return [rng.randrange(3, 1500) for _ in range(blocks * BLOCK)]
 
 
-def namespace(tenant: int) -> str:
-    return f"bench-tenant-{tenant}"
+def namespace(tenant: int, salt: str) -> str:
+    """Each run salts its namespaces: workers reused across runs share no cached blocks."""
+    return f"bench-{salt}-tenant-{tenant}"
 
 
 # -- baseline policies: the same engine, another placement and routing -------------------------
@@ -148,7 +152,7 @@ class Run:
     replacement_s: float | None = None
 
 
-async def _client_load(eng: Any, w: Workload, seed: int, t0: float, run: Run) -> None:
+async def _client_load(eng: Any, w: Workload, seed: int, t0: float, run: Run, salt: str) -> None:
     from engine.params import SamplingParams
 
     rng = random.Random(seed)
@@ -165,7 +169,7 @@ async def _client_load(eng: Any, w: Workload, seed: int, t0: float, run: Run) ->
         started = time.monotonic()
         answer: list[int] = []
         try:
-            async for out in eng.generate(ids, params, namespace=namespace(conv.tenant)):
+            async for out in eng.generate(ids, params, namespace=namespace(conv.tenant, salt)):
                 if s.ttft is None:
                     s.ttft = time.monotonic() - started
                 s.cached = out.num_cached_tokens
@@ -222,39 +226,55 @@ async def stop_all(workers: list[Any]) -> None:
 
 
 async def run_policy(
-    policy: str, model_dir: Path, w: Workload, n_workers: int, scenario: str, seed: int
+    policy: str,
+    model_dir: Path,
+    w: Workload,
+    n_workers: int,
+    scenario: str,
+    seed: int,
+    shared: list[Any] | None = None,
 ) -> Run:
+    """``shared``: running workers to use (steady runs; pins released at the end), else fresh
+    ones started here and stopped after."""
+    ids = [f"w{i}" for i in range(n_workers)]
+    first = ids[:-1] if scenario == "add" else ids
+    workers = shared[:n_workers] if shared is not None else start_workers(model_dir, first)
+    run = Run(policy, n_workers)
+    try:
+        await _drive(policy, model_dir, w, scenario, seed, list(workers), run)
+    finally:
+        if shared is None:
+            await stop_all(workers)
+    return run
+
+
+async def _drive(
+    policy: str, model_dir: Path, w: Workload, scenario: str, seed: int, workers: list, run: Run
+) -> None:
     from gateway.cluster.bootstrap import fetch_bootstrap, tokenizer_from_payload
     from gateway.cluster.engine import ClusterEngine
     from gateway.cluster.loadstats import LoadStats
 
-    os.environ.update(KVGATE_KV_CACHE_BYTES=str(w.kv_cache_bytes), KVGATE_DEVICE="cpu")
-    ids = [f"w{i}" for i in range(n_workers)]
-    first = ids[:-1] if scenario == "add" else ids
-    workers = start_workers(model_dir, first)
-    run = Run(policy, n_workers)
+    salt = f"{policy}-{scenario}-{len(workers)}"
+    info, payload = fetch_bootstrap(tuple(x.url for x in workers), TOKEN, 10.0)
+    eng = ClusterEngine(
+        tuple(x.url for x in workers), TOKEN, tokenizer=tokenizer_from_payload(payload),
+        info=info, health_s=0.5, load_stats=LoadStats(None, "", LOAD_WINDOW_S),
+    )  # fmt: skip
+    if policy != "kvgate":
+        _baseline_engine(policy, eng)
+    await eng.start()
     try:
-        urls = [x.url for x in workers]
-        info, payload = fetch_bootstrap(tuple(x.url for x in workers), TOKEN, 10.0)
-        eng = ClusterEngine(
-            tuple(urls), TOKEN, tokenizer=tokenizer_from_payload(payload), info=info,
-            health_s=0.5, load_stats=LoadStats(None, "", 5.0),
-        )  # fmt: skip
-        if policy != "kvgate":
-            _baseline_engine(policy, eng)
-        await eng.start()
-        try:
-            for t in range(w.tenants):
-                await eng.pin_tenant(f"t{t}", namespace(t), system_prompt(t, w.system_blocks))
-            t0 = time.monotonic()
-            load = asyncio.create_task(_client_load(eng, w, seed, t0, run))
-            await _scenario(eng, scenario, workers, model_dir, w, t0, run)
-            await load
-        finally:
-            await eng.shutdown()
+        for t in range(w.tenants):
+            await eng.pin_tenant(f"t{t}", namespace(t, salt), system_prompt(t, w.system_blocks))
+        t0 = time.monotonic()
+        load = asyncio.create_task(_client_load(eng, w, seed, t0, run, salt))
+        await _scenario(eng, scenario, workers, model_dir, w, t0, run)
+        await load
+        for pin in list(eng.placer.pins.values()):
+            await eng.unpin(pin)
     finally:
-        await stop_all(workers)
-    return run
+        await eng.shutdown()
 
 
 async def _scenario(
@@ -262,7 +282,7 @@ async def _scenario(
 ) -> None:
     if scenario == "steady":
         return
-    await asyncio.sleep(w.duration_s * 0.4)
+    await asyncio.sleep(w.duration_s * EVENT_AT)
     if scenario == "kill":
         pins = list(eng.placer.pins.values())
 
@@ -353,7 +373,7 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
         hs = [h for _, h in r["hit_rate_windows"] if h is not None]
         style = "-" if r["event"]["kind"] == "kill" else "--"
         ax2.plot(ts, hs, style, marker="o", label=f"{r['policy']} ({r['event']['kind']})")
-    ax2.set_xlabel("seconds (worker killed / added at 40% of the run)")
+    ax2.set_xlabel("seconds (worker killed / added at 60% of the run)")
     ax2.set_ylabel("hit rate per 2 s window")
     ax2.set_ylim(0, 1)
     ax2.set_title("worker killed (of 3) / added (to 2)", fontsize=10)
@@ -366,8 +386,9 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="kvgate bench cluster", description=__doc__)
-    p.add_argument("--duration", type=float, default=20.0, help="seconds of load per run")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of load per run")
     p.add_argument("--rate", type=float, default=6.0, help="requests per second")
+    p.add_argument("--system-blocks", type=int, default=64, help="system prompt length / 16")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--policies", default="kvgate,round_robin,tenant_hash")
     p.add_argument("--out", type=Path, default=RESULTS / "cluster.json")
@@ -375,15 +396,29 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 async def _all(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any]]:
-    w = Workload(rate=args.rate, duration_s=args.duration)
+    w = Workload(rate=args.rate, duration_s=args.duration, system_blocks=args.system_blocks)
+    os.environ.update(KVGATE_KV_CACHE_BYTES=str(w.kv_cache_bytes), KVGATE_DEVICE="cpu")
+    policies = args.policies.split(",")
     results = []
-    for scenario, n in (("steady", 2), ("steady", 3), ("kill", 3), ("add", 3)):
-        for policy in args.policies.split(","):
-            run = await run_policy(policy, model_dir, w, n, scenario, args.seed)
-            r = summarize(run, w) | {"scenario": scenario}
-            brief = {k: v for k, v in r.items() if k != "hit_rate_windows"}
-            print(json.dumps(brief), flush=True)
-            results.append(r)
+
+    def done(run: Run, scenario: str) -> None:
+        r = summarize(run, w) | {"scenario": scenario}
+        brief = {k: v for k, v in r.items() if k != "hit_rate_windows"}
+        print(json.dumps(brief), flush=True)
+        results.append(r)
+
+    shared = start_workers(model_dir, ["w0", "w1", "w2"])
+    try:
+        for n in (2, 3):
+            for policy in policies:
+                done(
+                    await run_policy(policy, model_dir, w, n, "steady", args.seed, shared), "steady"
+                )
+    finally:
+        await stop_all(shared)
+    for scenario in ("kill", "add"):
+        for policy in policies:
+            done(await run_policy(policy, model_dir, w, 3, scenario, args.seed), scenario)
     return results
 
 
@@ -394,7 +429,7 @@ def main(argv: Sequence[str]) -> int:
 
     args = _parse(argv)
     configure_logging(TelemetrySettings("warning", True, "kvgate-bench", None))
-    w = Workload(rate=args.rate, duration_s=args.duration)
+    w = Workload(rate=args.rate, duration_s=args.duration, system_blocks=args.system_blocks)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_demo_model(Path(tmp) / "demo-model")
         results = asyncio.run(_all(args, model_dir))

@@ -10,6 +10,7 @@ Failures are sorted by what the caller may still do::
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,10 +22,23 @@ from engine.kv import CacheStats, PinHandle, PriorityRange
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.params import SamplingParams
 from engine.worker import wire
+from gateway.cluster.stream import ConnectionPool, HttpError, Response
 
 
 class WorkerUnavailable(EngineDead):
-    """The worker could not take the request (nothing was generated)."""
+    """The worker could not take the request (nothing was generated). ``refused``: nothing
+    listens there (the process is gone), as opposed to a call that timed out (maybe busy)."""
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+def _unreachable(exc: BaseException) -> WorkerUnavailable:
+    refused = isinstance(exc, ConnectionRefusedError | aiohttp.ClientConnectorError) or (
+        isinstance(exc, HttpError) and exc.refused
+    )
+    return WorkerUnavailable(f"worker unreachable: {type(exc).__name__}", refused=refused)
 
 
 class WorkerLost(EngineDead):
@@ -58,6 +72,9 @@ class WorkerClient:
         self.url = url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"}
         self._session = session
+        self._pool = ConnectionPool(self.url)
+        self._json_headers = {**self._headers, "Content-Type": "application/json"}
+        self._connect_s = timeout_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         # generate: connect bounded, the stream itself unbounded (long generations)
         self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s)
@@ -75,7 +92,7 @@ class WorkerClient:
                 if resp.status != 200:
                     raise WorkerUnavailable(f"worker answered {resp.status} on {path}")
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise WorkerUnavailable(f"worker unreachable: {type(exc).__name__}") from None
+            raise _unreachable(exc) from None
         out = wire.decode(payload)
         if isinstance(out, dict) and "e" in out:
             raise wire.error_from_wire(out["e"])
@@ -123,7 +140,7 @@ class WorkerClient:
                 self.url + "/v1/events", headers=self._headers, timeout=self._stream_timeout
             )
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise WorkerUnavailable(f"worker unreachable: {type(exc).__name__}") from None
+            raise _unreachable(exc) from None
         async with resp:
             if resp.status != 200:
                 raise WorkerUnavailable(f"worker answered {resp.status} on /v1/events")
@@ -155,17 +172,19 @@ class WorkerClient:
         if priorities:
             body["prio"] = wire.priorities_to_wire(tuple(priorities))
         try:
-            resp = await self._session.post(
-                self.url + "/v1/generate",
-                data=wire.encode(body),
-                headers=self._headers,
-                timeout=self._stream_timeout,
+            resp = await self._pool.request(
+                "POST", "/v1/generate", self._json_headers, wire.encode(body), self._connect_s
             )
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise WorkerUnavailable(f"worker unreachable: {type(exc).__name__}") from None
-        async with resp:
+        except HttpError as exc:
+            raise _unreachable(exc) from None
+        try:
             async for out in _Decoder(request_id, len(token_ids)).outputs(resp):
                 yield out
+        finally:
+            resp.release()
+
+    def close(self) -> None:
+        self._pool.close()
 
 
 class _Decoder:
@@ -179,31 +198,44 @@ class _Decoder:
         self._metrics = RequestMetrics(arrival_time=0.0)
         self._delivered = False
 
-    async def outputs(self, resp: aiohttp.ClientResponse) -> AsyncIterator[RequestOutput]:
+    async def outputs(self, resp: Response) -> AsyncIterator[RequestOutput]:
+        parts = aiter(resp.parts())
         if resp.status != 200:
-            payload = await self._read(resp, resp.read())
+            payload = await self._read(anext(parts, b""))
             d = wire.decode(payload) if payload else {}
             if isinstance(d, dict) and "e" in d and resp.status == 400:
                 raise wire.error_from_wire(d["e"])
             raise WorkerUnavailable(f"worker answered {resp.status} on /v1/generate")
+        buffer = b""
         while True:
-            line = await self._read(resp, resp.content.readline())
-            if not line:
-                raise self._broken("the stream ended before the final output")
+            while b"\n" not in buffer:
+                part = await self._read(anext(parts, b""))
+                if not part:
+                    raise self._broken("the stream ended before the final output")
+                buffer += part
+            line, _, buffer = buffer.partition(b"\n")
             d = wire.decode(line)
             if "e" in d:
+                await self._drain(parts)
                 raise wire.error_from_wire(d["e"])
             out = self._output(d)
+            if out.finished:
+                await self._drain(parts)  # the chunked end: the connection can be reused
             self._delivered = True
             yield out
             if out.finished:
                 return
 
-    async def _read(self, resp: aiohttp.ClientResponse, op: Any) -> bytes:
+    async def _drain(self, parts: AsyncIterator[bytes]) -> None:
+        with contextlib.suppress(HttpError):
+            async for _ in parts:
+                pass
+
+    async def _read(self, op: Any) -> bytes:
         try:
             return bytes(await op)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise self._broken(f"connection lost: {type(exc).__name__}") from None
+        except HttpError as exc:
+            raise self._broken(f"connection lost: {exc}") from None
 
     def _broken(self, why: str) -> EngineDead:
         return WorkerLost(why) if self._delivered else WorkerUnavailable(why)

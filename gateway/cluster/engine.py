@@ -123,6 +123,8 @@ class ClusterEngine:
         for task in [*self._tasks, *self._streams.values()]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        for m in self.members.values():
+            m.client.close()
         if self._session is not None:
             await self._session.close()
         await self._stats.close()
@@ -169,7 +171,9 @@ class ClusterEngine:
                 raise WorkerUnavailable("the worker's engine is not running")
             same = m.healthy and m.info is not None and m.info.boot_id == load.boot_id
             info = m.info if same else await m.client.info()
-        except (WorkerUnavailable, wire.WireError, KeyError, ValueError):
+        except WorkerUnavailable as exc:
+            return self._take_out(m) if m.failed(refused=exc.refused) else False
+        except (wire.WireError, KeyError, ValueError):
             return self._take_out(m) if m.failed() else False
         m.failures = 0
         m.observed(load)
@@ -291,8 +295,8 @@ class ClusterEngine:
                 await _close(stream)
                 tried.add(m.worker_id)
                 self.retries += 1
-                if isinstance(exc, WorkerUnavailable) and m.healthy:
-                    self._take_out(m)  # the health loop takes it back in once it answers
+                if isinstance(exc, WorkerUnavailable) and exc.refused and m.healthy:
+                    self._take_out(m)  # gone: the health loop takes it back if it returns
                     self._dirty.set()
                 continue
             except BaseException:

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 
 from gateway.cluster.client import WorkerClient, WorkerInfo, WorkerLoad
 
-DOWN_AFTER_FAILURES = 2  # consecutive failed health checks before a worker is taken out
+# Consecutive failed health checks before a worker is taken out: a refused connection (nothing
+# listens: the process is gone) counts double, a timeout (busy, or hung) once.
+DOWN_AFTER_FAILURES = 3
 _EWMA = 0.2  # weight of the newest queue-delay sample
 
 
@@ -41,9 +43,9 @@ class Member:
     def record_queue_delay(self, seconds: float) -> None:
         self.queue_delay_s += _EWMA * (max(0.0, seconds) - self.queue_delay_s)
 
-    def failed(self) -> bool:
+    def failed(self, *, refused: bool = False) -> bool:
         """Count a failed check; True when this takes a healthy worker out."""
-        self.failures += 1
+        self.failures += 2 if refused else 1
         if self.healthy and self.failures >= DOWN_AFTER_FAILURES:
             self.healthy = False
             return True

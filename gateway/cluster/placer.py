@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from hashlib import blake2b
+from typing import Any
 
 import structlog
 
@@ -79,6 +80,8 @@ class Placer:
         self.last_reconcile_s = 0.0  # how long the latest reconcile took
         self.moves = 0  # pins taken or released by reconciles, in total
         self._sem = asyncio.Semaphore(PIN_CONCURRENCY)
+        # Released while their worker was out: (worker, boot, handle), unpinned if it returns.
+        self.orphans: list[tuple[str, str, PinHandle]] = []
 
     def demands(self, rates: Mapping[str, float], num_workers: int) -> list[TenantDemand]:
         return [
@@ -117,6 +120,7 @@ class Placer:
                     unpins.append(self._unpin_one(pin, members[wid]))
             for wid in sorted(want - set(pin.handles)):
                 pins.append(self._pin_one(pin, members[wid]))
+        unpins += self._adopt_orphans(members)
         await asyncio.gather(*unpins)  # first: the room they free is what the new pins need
         await asyncio.gather(*pins)
         self.last_reconcile_s = time.monotonic() - started
@@ -145,6 +149,17 @@ class Placer:
         self.moves += 1
         await _quiet_unpin(m, handle)
 
+    def _adopt_orphans(self, members: Mapping[str, Member]) -> list[Any]:
+        jobs, kept = [], []
+        for wid, boot, handle in self.orphans:
+            m = members.get(wid)
+            if m is None or m.info is None:
+                kept.append((wid, boot, handle))
+            elif m.info.boot_id == boot:
+                jobs.append(_quiet_unpin(m, handle))
+        self.orphans = kept
+        return jobs
+
     async def release(self, pin: TenantPin, members: Mapping[str, Member]) -> None:
         """Forget ``pin`` and unpin it everywhere it is pinned."""
         if self.pins.get(pin.key) is pin:
@@ -155,6 +170,8 @@ class Placer:
             m = members.get(wid)
             if m is not None and m.info is not None and m.info.boot_id == boot:
                 jobs.append(_quiet_unpin(m, handle))
+            elif m is None:
+                self.orphans.append((wid, boot, handle))  # out for now: unpin if it returns
         await asyncio.gather(*jobs)
 
     def check_integrity(self) -> None:
