@@ -182,7 +182,8 @@ class KeyCache:
             self._runtimes.revise(tid, lambda rt: dataclasses.replace(rt, status=status))
         if "secret" in groups:  # tokens signed with the old secret stop verifying at once
             self._runtimes.revise(tid, _without_session_secret)
-        if not groups or "policy" in groups:
+        unspelled = "status" in groups and event.status is None
+        if not groups or "policy" in groups or unspelled:
             self._runtimes.distrust(tid)
         else:  # status / secret already applied; profile and widget refuse nothing
             self._runtimes.expire(tid)

@@ -196,6 +196,13 @@ async def test_policy_change_is_never_served_stale_display_changes_are() -> None
     assert await refused(cache, "sk-beta-1") == (503, "database_unavailable")
 
 
+async def test_status_change_without_the_status_is_never_served_stale() -> None:
+    cache, store, clock = make_cache()
+    await warm_then_outage(cache, store, clock)
+    await cache.on_event(TenantChanged("acme", "updated", groups=("status",)))
+    assert await refused(cache, "sk-acme-1") == (503, "database_unavailable")
+
+
 async def test_prompt_and_limit_changes_force_a_reread_but_stay_servable() -> None:
     cache, store, _ = make_cache()
     await auth(cache, "sk-acme-1")
