@@ -21,6 +21,7 @@ class EngineConfig:
     pin_cap_fraction: float = 0.5  # pinned blocks may take at most this share of the pool
     host_kv_bytes: int = 0  # host-memory KV tier (engine/kv/host_tier.py); 0: no host tier
     host_offload_priority: int = 20  # evicted blocks at or above it go to the host tier
+    kv_snapshot_dir: str | None = None  # pinned prompts' KV saved here, restored at start
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 

@@ -60,8 +60,10 @@ class EngineCore:
         *,
         listener: CacheListener | None = None,
         clock: Callable[[], float] = time.monotonic,
+        snapshots: Any = None,  # engine/snapshot_restore.py Snapshots, or None
     ) -> None:
         self.runner = runner
+        self.snapshots = snapshots
         self.config = config
         self.clock = clock
         self.cache = PrefixCache(
@@ -99,7 +101,12 @@ class EngineCore:
 
         config = EngineConfig(**overrides)
         runner = ModelRunner.from_pretrained(str(model_dir), config)
-        return cls(runner, config, listener=listener, clock=clock)
+        snapshots = None
+        if config.kv_snapshot_dir:
+            from engine.snapshot_restore import Snapshots
+
+            snapshots = Snapshots.for_runner(config.kv_snapshot_dir, model_dir, runner)
+        return cls(runner, config, listener=listener, clock=clock, snapshots=snapshots)
 
     # ------------------------------------------------------------------ requests
 
@@ -197,7 +204,11 @@ class EngineCore:
         if len(job.token_ids) < self.config.block_size:
             job.finish(None, PinRejected("prefix shorter than one KV block", reason="too_short"))
             return job
-        if not self._try_pin(job, final=not self.config.enable_prefix_reuse):
+        if not self._try_pin(job, final=not self.config.enable_prefix_reuse) and not (
+            self.snapshots is not None
+            and self.snapshots.restore(self, namespace, job.token_ids)
+            and self._try_pin(job, final=False)
+        ):
             job.request_id = f"{_PIN_PREFIX}{next(self._ids)}"
             self._pin_jobs[job.request_id] = job
             try:
@@ -213,6 +224,8 @@ class EngineCore:
         """Try cache.pin; finish the job on success, or on failure when ``final``."""
         result = self.cache.pin(job.namespace, job.token_ids)
         if isinstance(result, PinHandle):
+            if self.snapshots is not None:
+                self.snapshots.save(self, job.namespace, job.token_ids)
             job.finish(result, None)
             return True
         if final:

@@ -153,6 +153,16 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_BLOCK_SIZE", _int, "16", "KV cache block size (tokens)"),
     Variable("KVGATE_KV_CACHE_BYTES", _opt_int, "", "KV cache budget; unset: from device memory"),
     Variable("KVGATE_PIN_CAP_FRACTION", _fraction, "0.5", "share of KV blocks pins may take"),
+    Variable(
+        "KVGATE_HOST_KV_BYTES", _int, "0", "host-memory KV tier (pinned memory on CUDA); 0: none"
+    ),
+    Variable(
+        "KVGATE_KV_SNAPSHOT_DIR",
+        _opt_str,
+        "",
+        "pinned prompts' KV saved here, restored at start; unset: <KVGATE_VAR_DIR>/kv-snapshots; "
+        "off: none",
+    ),
     Variable("KVGATE_DEVICE", _str, "auto", "engine device: auto, cpu, cuda, cuda:N"),
     Variable("KVGATE_DTYPE", _choice("auto", "float32", "bfloat16", "float16"), "auto", "dtype"),
     Variable(
@@ -345,6 +355,8 @@ class ModelSettings:
     default_frequency_penalty: float = 0.0
     gpu_memory_utilization: float = 0.9
     cuda_graphs: bool = True
+    host_kv_bytes: int = 0
+    kv_snapshot_dir: str | None = None  # None: no snapshots
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> ModelSettings:
@@ -362,6 +374,8 @@ class ModelSettings:
             max_num_seqs=value(src, "KVGATE_MAX_NUM_SEQS"),
             gpu_memory_utilization=value(src, "KVGATE_GPU_MEMORY_UTILIZATION"),
             cuda_graphs=value(src, "KVGATE_CUDA_GRAPHS"),
+            host_kv_bytes=value(src, "KVGATE_HOST_KV_BYTES"),
+            kv_snapshot_dir=_snapshot_dir(src),
             default_max_tokens=default_max,
             default_temperature=value(src, "KVGATE_DEFAULT_TEMPERATURE"),
             default_top_p=value(src, "KVGATE_DEFAULT_TOP_P"),
@@ -379,10 +393,19 @@ class ModelSettings:
             "max_num_seqs": self.max_num_seqs,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "cuda_graphs": self.cuda_graphs,
+            "host_kv_bytes": self.host_kv_bytes,
+            "kv_snapshot_dir": self.kv_snapshot_dir,
         }
         if self.kv_cache_bytes is not None:
             out["kv_cache_bytes"] = self.kv_cache_bytes
         return out
+
+
+def _snapshot_dir(src: Mapping[str, str]) -> str | None:
+    raw = value(src, "KVGATE_KV_SNAPSHOT_DIR")
+    if raw is None:
+        return str(Path(value(src, "KVGATE_VAR_DIR")) / "kv-snapshots")
+    return None if raw.lower() == "off" else raw
 
 
 @dataclass(frozen=True)

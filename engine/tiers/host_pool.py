@@ -129,3 +129,24 @@ def _last_per_slot(group: list[Transfer]) -> list[Transfer]:
     """A slot written twice in one run keeps the later block (the earlier entry was reclaimed)."""
     last = {t.slot: t for t in group}
     return list(last.values())
+
+
+def read_blocks(kv_caches: Sequence[KVCache], block_ids: Sequence[int]) -> torch.Tensor:
+    """K/V of device blocks as one host tensor [n, layers, 2, block_size, kv_heads, head_dim]."""
+    ids = torch.tensor(list(block_ids), dtype=torch.long, device=kv_caches[0][0].device)
+    per_layer = [
+        torch.stack([k.index_select(0, ids), v.index_select(0, ids)], 1) for k, v in kv_caches
+    ]
+    return torch.stack(per_layer, 1).cpu()
+
+
+def write_blocks(
+    kv_caches: Sequence[KVCache], block_ids: Sequence[int], data: torch.Tensor
+) -> None:
+    """Inverse of :func:`read_blocks`: ``data[j]`` into device block ``block_ids[j]``."""
+    device = kv_caches[0][0].device
+    ids = torch.tensor(list(block_ids), dtype=torch.long, device=device)
+    data = data.to(device)
+    for layer, (k, v) in enumerate(kv_caches):
+        k.index_copy_(0, ids, data[:, layer, 0])
+        v.index_copy_(0, ids, data[:, layer, 1])

@@ -1,0 +1,104 @@
+"""Pinned prompts' KV to and from disk for ``EngineCore`` (engine thread only).
+
+pin succeeded           -> save: K/V of its (device, READY) blocks copied to the host now,
+                           written to disk by one background thread (engine/snapshot.py)
+pin of an uncached one  -> restore: a matching snapshot is written into fresh device blocks
+                           (an internal admission over the prompt's full blocks: its new
+                           blocks take the snapshot's K/V and are committed READY), then the
+                           pin is taken; nothing goes through the model
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.kv.pins import resolve_pin
+from engine.snapshot import ModelIdentity, SnapshotStore, fingerprint
+from engine.tiers.host_pool import read_blocks, write_blocks
+
+if TYPE_CHECKING:
+    from engine.engine import EngineCore
+
+_RESTORE_PREFIX = "__snap-"
+log = logging.getLogger(__name__)
+
+
+class Snapshots:
+    def __init__(self, store: SnapshotStore) -> None:
+        self.store = store
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="kv-snapshot")
+        self._pending: list[Future[None]] = []
+        self._ids = itertools.count()
+        self._known: set[tuple[str, tuple[int, ...]]] = set()  # on disk or being written
+        self.restored = 0
+        self.saved = 0
+        self.restore_seconds = 0.0
+
+    @classmethod
+    def for_runner(cls, directory: str | Path, model_path: str | Path, runner: Any) -> Snapshots:
+        model, tokenizer = fingerprint(model_path)
+        k0 = runner.kv_caches[0][0]
+        identity = ModelIdentity(
+            model=model,
+            tokenizer=tokenizer,
+            dtype=str(k0.dtype).removeprefix("torch."),
+            block_size=int(runner.block_size),
+            layout=(len(runner.kv_caches), 2, *(int(d) for d in k0.shape[1:])),
+        )
+        return cls(SnapshotStore(directory, identity))
+
+    def restore(self, core: EngineCore, namespace: str, token_ids: tuple[int, ...]) -> bool:
+        """Put the prompt's snapshot into the device cache; False when none is usable."""
+        start = time.perf_counter()
+        kv = self.store.load(namespace, token_ids)
+        if kv is None:
+            return False
+        cache = core.cache
+        full = kv.shape[0] * cache.block_size
+        rid = f"{_RESTORE_PREFIX}{next(self._ids)}"
+        alloc = cache.allocate(rid, namespace, token_ids[:full])
+        if alloc is None:
+            return False  # no room now: computed the usual way
+        core.flush_transfers()  # blocks it found in the host tier are copied in first
+        first = alloc.match.num_blocks
+        write_blocks(core.runner.kv_caches, alloc.block_table[first:], kv[first:])
+        cache.commit(rid, full)
+        cache.free(rid)
+        self._known.add((namespace, token_ids))
+        self.restored += 1
+        self.restore_seconds += time.perf_counter() - start
+        return True
+
+    def save(self, core: EngineCore, namespace: str, token_ids: tuple[int, ...]) -> None:
+        """Snapshot a just-pinned prompt unless the same snapshot is on disk already."""
+        if (namespace, token_ids) in self._known or self.store.matches(namespace, token_ids):
+            return
+        blocks = resolve_pin(core.cache.index, namespace, token_ids, core.cache.block_size)
+        if not isinstance(blocks, list):
+            return
+        kv = read_blocks(core.runner.kv_caches, [b.block_id for b in blocks])
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._writer.submit(self._write, namespace, token_ids, kv))
+        self._known.add((namespace, token_ids))
+        self.saved += 1
+
+    def _write(self, namespace: str, token_ids: tuple[int, ...], kv: Any) -> None:
+        try:
+            self.store.save(namespace, token_ids, kv)
+        except OSError as exc:  # a full or read-only disk costs the snapshot, not the engine
+            log.warning("kv snapshot not written: %s", exc.__class__.__name__)
+
+    def flush(self) -> None:
+        """Wait for the snapshots being written (graceful shutdown, tests)."""
+        for fut in self._pending:
+            fut.result()
+        self._pending.clear()
+
+    def close(self) -> None:
+        self.flush()
+        self._writer.shutdown(wait=True)
