@@ -218,6 +218,8 @@ class PinManager:
             "prefix_tokens": len(cur.prefix.ids) if cur else 0,
             "pinned_blocks": len(handle.block_ids) if handle is not None else 0,
             "pinned_tokens": handle.num_tokens if handle is not None else 0,
+            # where the pinned prompt lives: "device", or "host" (beyond the device pin cap)
+            "pin_tier": getattr(handle, "tier", None) if handle is not None else None,
             "inflight_requests": cur.inflight if cur else 0,
             "retiring_versions": [e.version for e in self._retiring if e.tenant_id == tenant_id],
             "requests": counters.requests,
