@@ -181,7 +181,6 @@ def startup_section(path: Path, plan: Plan) -> tuple[ModelRunner, dict]:
     stop()
     result["compilations_after_startup"] = len(seen)
     result["compiled_after_startup"] = sorted(set(seen))[:20]
-    runner.sampler = type(runner.sampler)()
     return runner, result
 
 

@@ -64,6 +64,7 @@ def compile_sm90(kernel: JITFunction, dtype: str, consts: dict, tiles: Tiles) ->
         if n not in consts
         and n not in NOT_ALIGNED
         and not fn.params[i].do_not_specialize
+        and not fn.params[i].do_not_specialize_on_alignment
         and (n.endswith("_ptr") or n.startswith("stride"))
     }
     options = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}

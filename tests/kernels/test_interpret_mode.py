@@ -87,3 +87,23 @@ def test_kernels_use_no_private_triton_names_and_plain_jit():
                 deco = ast.unparse(node.decorator_list[0])
                 assert deco.startswith("triton.jit"), f"{path.name}:{node.name} {deco}"
     assert kernels == 6
+
+
+def test_variant_key_follows_triton_specialization():
+    from engine.kernels.triton._common import variant_key
+    from engine.kernels.triton.prefill import _extend_kernel
+
+    buf = torch.zeros(64)
+    names = _extend_kernel.arg_names
+    consts = {"GROUP": 1}
+
+    def key(**changed):
+        args = {n: (buf if n.endswith("_ptr") else 16) for n in names if n.upper() != n}
+        args.update(changed)
+        return variant_key(_extend_kernel, list(args.values()), consts, 4, 3)
+
+    base = key()
+    assert key(kv_lo=37, stride_bt=1) == base  # do_not_specialize: values never add variants
+    assert key(lse_ptr=buf[1:]) == base  # alignment of lse_ptr not specialized
+    assert key(q_ptr=buf[1:]) != base  # a misaligned q is a new variant, as in Triton
+    assert key(num_heads=1) != key(num_heads=7) != base  # == 1 and % 16 specializations

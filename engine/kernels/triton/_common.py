@@ -51,18 +51,19 @@ class VariantLog:
 VARIANTS = VariantLog()
 
 
-def _unspecialized(kernel: Any) -> set[str]:
-    """Argument names the kernel was declared ``do_not_specialize`` on (compiled or interpreted)."""
-    names = getattr(kernel, "do_not_specialize", None)
+def _declared(kernel: Any, option: str) -> set[str]:
+    """Argument names of a ``triton.jit`` option (``do_not_specialize``, ...), compiled or
+    interpreted kernel alike."""
+    names = getattr(kernel, option, None)
     if names is None:  # an InterpretedFunction keeps the decorator's keywords
-        names = getattr(kernel, "kwargs", {}).get("do_not_specialize")
+        names = getattr(kernel, "kwargs", {}).get(option)
     return {n for n in names or () if isinstance(n, str)}
 
 
-def _arg_signature(arg: Any, specialize: bool) -> Hashable:
+def _arg_signature(arg: Any, specialize: bool, align: bool) -> Hashable:
     """What Triton's specialization sees of one argument."""
     if isinstance(arg, torch.Tensor):
-        return (arg.dtype, arg.data_ptr() % 16 == 0)
+        return (arg.dtype, arg.data_ptr() % 16 == 0) if align else arg.dtype
     if isinstance(arg, bool):
         return ("bool", arg)
     if isinstance(arg, int):
@@ -74,9 +75,12 @@ def _arg_signature(arg: Any, specialize: bool) -> Hashable:
 def variant_key(
     kernel: Any, args: Sequence[Any], constexprs: dict[str, Any], num_warps: int, num_stages: int
 ) -> VariantKey:
-    names = kernel.arg_names
-    fixed = _unspecialized(kernel)
-    sig = tuple(_arg_signature(a, n not in fixed) for n, a in zip(names, args, strict=False))
+    fixed = _declared(kernel, "do_not_specialize")
+    any_alignment = _declared(kernel, "do_not_specialize_on_alignment")
+    sig = tuple(
+        _arg_signature(a, n not in fixed, n not in any_alignment)
+        for n, a in zip(kernel.arg_names, args, strict=False)
+    )
     consts = tuple(sorted((k, str(v)) for k, v in constexprs.items()))
     return (kernel.__name__, consts, sig, num_warps, num_stages)
 

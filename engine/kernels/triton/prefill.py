@@ -33,9 +33,14 @@ from engine.kernels.triton.tile_ops import load_kv_tile, online_softmax_update
 LOG2E = 1.4426950408889634
 # values that change from step to step; strides are fixed by the geometry and stay specialized
 _EXTEND_RUNTIME_INTS = ["kv_lo", "stride_bt"]
+# cascade passes lse = part_lse[first], whose 16-byte alignment depends on the token count; its
+# accesses are scalar per row, so alignment is not worth a variant
+_EXTEND_ANY_ALIGNMENT = ["lse_ptr"]
 
 
-@triton.jit(do_not_specialize=_EXTEND_RUNTIME_INTS)
+@triton.jit(
+    do_not_specialize=_EXTEND_RUNTIME_INTS, do_not_specialize_on_alignment=_EXTEND_ANY_ALIGNMENT
+)
 def _extend_kernel(
     q_ptr,
     k_ptr,
