@@ -208,6 +208,7 @@ def step_limits(config: EngineConfig, model: ModelConfig, num_blocks: int) -> St
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs,
         vocab_size=model.vocab_size,
+        gqa_group=model.num_heads // model.num_kv_heads,
     )
 
 

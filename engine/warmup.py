@@ -9,9 +9,10 @@
       mixed                decode rows + each chunk size (indexed split-KV + extend skipping them)
       decode               short context (one split, direct output) and long (splits + merge),
                            one request and many
-      cascade (if the pool and max_num_seqs allow 17 requests over a 256-token shared prefix)
-                           decode with a short own suffix (fused merge) and a long one (splits),
-                           several batch sizes (the shared pass's row tiles), and mixed chunks
+      cascade              the fewest requests that fit over a prefix worth sharing (2 x 4096
+                           tokens, 3 x 2048, ..., 17 x 256): decode with a short own suffix
+                           (fused merge) and a long one (suffix splits), mixed with each chunk
+                           size, and query-token counts reaching each row tile of the shared pass
 
 Block tables are laid out round-robin over the pool: the steps write finite garbage into the
 KV cache, which the runner zeroes afterwards. Token ids are arbitrary valid ids.
@@ -31,7 +32,6 @@ from engine.params import SamplingParams
 CHUNKS = (65, 17, 2)  # the smallest of each extend tile bucket: > 64, 17..64, <= 16
 SHORT_CONTEXT = 10
 LONG_CONTEXT = 2048  # enough keys for several KV splits on any GPU
-CASCADE_BATCH_SIZES = (17, 32, 64, 128, 256)
 CASCADE_LONG_SUFFIX = 600  # two KV splits of at least 256 keys in the suffix pass
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
 
@@ -46,6 +46,7 @@ class StepLimits:
     max_num_batched_tokens: int
     max_num_seqs: int
     vocab_size: int
+    gqa_group: int = 1  # query heads per KV head
 
 
 class _Tables:
@@ -105,27 +106,55 @@ def _plain(limits: StepLimits, tables: _Tables) -> Iterator[ScheduledBatch]:
             yield ScheduledBatch(seqs)
 
 
-def _cascade(limits: StepLimits, tables: _Tables) -> Iterator[ScheduledBatch]:
-    bs = limits.block_size
-    shared_len = -(-CASCADE_MIN_SHARED_TOKENS // bs) * bs
-    shared = tables.table(shared_len)
-    for n in CASCADE_BATCH_SIZES:
-        if (n - 1) * shared_len < CASCADE_MIN_SAVED_TOKENS or n > limits.max_num_seqs:
-            continue
-        for suffix in (5, CASCADE_LONG_SUFFIX):
-            ctx = shared_len + suffix
-            if not _fits(limits, n, n, ctx):
-                continue
-            yield ScheduledBatch([_seq(limits, f"c{i}", 1, ctx, tables.table(ctx + 1, shared))
-                                  for i in range(n)])  # fmt: skip
-        for chunk in CHUNKS:
-            ctx = shared_len + 5
-            if not _fits(limits, n - 1 + chunk, n, ctx + chunk):
-                continue
+def _shared_len(n: int, block_size: int) -> int:
+    """The shortest shared prefix worth cascade attention for ``n`` requests (whole blocks)."""
+    shared = max(CASCADE_MIN_SHARED_TOKENS, -(-CASCADE_MIN_SAVED_TOKENS // (n - 1)))
+    return -(-shared // block_size) * block_size
+
+
+def _row_targets(group: int) -> list[int]:
+    """Query-token counts whose shared-pass rows (tokens x GQA group) fall in each row tile of the
+    split-KV kernel (16, 32, 64, 128 rows): its only cascade variants besides the decode ones."""
+    counts = []
+    for block_m in (16, 32, 64, 128):
+        low = 1 if block_m == 16 else block_m // 2 + 1
+        tokens = max(2, -(-low // group))
+        if tokens * group <= block_m:
+            counts.append(tokens)
+    return counts
+
+
+def _cascade_batch(
+    limits: StepLimits, tables: _Tables, tokens: Callable[[int], int], suffix: int
+) -> ScheduledBatch | None:
+    """The first n (fewest requests, so the longest shared prefix) for which n requests with
+    ``tokens(n)`` query tokens fit: n - 1 decode rows ``suffix`` tokens past the prefix and one
+    chunk of the rest (all decode when tokens(n) == n). None: cascade cannot reach this plan."""
+    for n in range(2, limits.max_num_seqs + 1):
+        shared_len = _shared_len(n, limits.block_size)
+        total = tokens(n)
+        chunk = total - (n - 1)
+        ctx = shared_len + suffix
+        if chunk >= 1 and _fits(limits, total, n, ctx + chunk):
+            shared = tables.table(shared_len)
             seqs = [_seq(limits, f"c{i}", 1, ctx, tables.table(ctx + 1, shared))
                     for i in range(n - 1)]  # fmt: skip
             seqs.append(_seq(limits, "cp", chunk, ctx, tables.table(ctx + chunk, shared)))
-            yield ScheduledBatch(seqs)
+            return ScheduledBatch(seqs)
+    return None
+
+
+def _cascade(limits: StepLimits, tables: _Tables) -> Iterator[ScheduledBatch]:
+    def decode(n: int) -> int:
+        return n
+
+    plans: list[tuple[Callable[[int], int], int]] = [(decode, 5), (decode, CASCADE_LONG_SUFFIX)]
+    plans += [(lambda n, c=chunk: n - 1 + c, 5) for chunk in CHUNKS]  # the extend tiles
+    plans += [(lambda n, t=target: t, 5) for target in _row_targets(limits.gqa_group)]
+    for tokens, suffix in plans:
+        batch = _cascade_batch(limits, tables, tokens, suffix)
+        if batch is not None:
+            yield batch
 
 
 def warmup_batches(limits: StepLimits) -> list[ScheduledBatch]:

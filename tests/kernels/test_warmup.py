@@ -11,7 +11,9 @@ import random
 import pytest
 
 from engine.engine import Engine, EngineCore
+from engine.kernels.cascade_rule import use_cascade
 from engine.kernels.triton import VARIANTS
+from engine.model.inputs import shared_prefix_blocks
 from engine.params import SamplingParams
 from engine.warmup import StepLimits, profile_batch, warmup_batches
 from tests.kernels.engine_fixtures import route_to_triton, triton_runner
@@ -41,11 +43,20 @@ def test_no_kernel_variant_is_new_after_warm_up(monkeypatch: pytest.MonkeyPatch)
     assert new == set(), sorted(map(str, new))
 
 
-def test_warm_up_covers_every_plan_within_the_limits() -> None:
-    limits = StepLimits(16, 1000, 4096, 8192, 256, 1000)
+def _cascade_rows(batch, group: int) -> int | None:
+    """The shared pass's row tile (16..128) when the batch uses cascade attention, else None."""
+    tables = [s.block_table for s in batch.seqs]
+    contexts = [s.start_pos for s in batch.seqs]
+    shared = shared_prefix_blocks(tables, contexts, 16)
+    if not use_cascade(shared, 16, len(batch.seqs), batch.num_tokens):
+        return None
+    return max(16, min(128, 1 << (batch.num_tokens * group - 1).bit_length()))
+
+
+@pytest.mark.parametrize("group", [1, 2, 7])
+def test_warm_up_covers_every_plan_within_the_limits(group: int) -> None:
+    limits = StepLimits(16, 100_000, 32768, 8192, 256, 1000, group)
     batches = warmup_batches(limits)
-    sizes = sorted({len(b.seqs) for b in batches})
-    assert sizes[0] == 1 and 17 in sizes and 256 in sizes  # cascade batch sizes up to the cap
     for batch in batches:
         assert batch.num_tokens <= limits.max_num_batched_tokens
         assert len(batch.seqs) <= limits.max_num_seqs
@@ -53,10 +64,16 @@ def test_warm_up_covers_every_plan_within_the_limits() -> None:
             assert seq.end_pos <= limits.max_model_len
             assert len(seq.block_table) * 16 >= seq.end_pos
             assert all(0 <= b < limits.num_blocks for b in seq.block_table)
-    small = StepLimits(16, 50, 128, 64, 4, 1000)  # no cascade, no 100-token chunk
+    # cascade: every row tile of the shared pass, decode-only and mixed with each chunk size
+    cascade = [b for b in batches if _cascade_rows(b, group) is not None]
+    assert {_cascade_rows(b, group) for b in cascade} == {16, 32, 64, 128}
+    chunks = {max(len(s.token_ids) for s in b.seqs) for b in cascade}
+    assert {1, 2, 17, 65} <= chunks
+    small = StepLimits(16, 50, 128, 64, 4, 1000)  # no cascade, no 65-token chunk
     for batch in warmup_batches(small):
         assert batch.num_tokens <= 64 and len(batch.seqs) <= 4
         assert all(s.end_pos <= 128 for s in batch.seqs)
+        assert _cascade_rows(batch, 1) is None
 
 
 def test_profile_batch_is_the_largest_step() -> None:
