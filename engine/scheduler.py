@@ -15,6 +15,11 @@ that layer's attention reads, so a dependent and its owner share one forward. Ow
 admitted before their dependents, so the dependency graph follows admission order and the oldest
 running request can always run: no deadlock, no idle step waiting for a prefix.
 
+Host tier: a block restored from host memory is LOADING until its copy runs. The engine performs
+every copy the cache planned during ``schedule()`` before that step's forward, so a request reading
+LOADING blocks runs in the same step, like a dependent of an owner scheduled before it (no idle
+wait, no recompute); ``pending_deps`` reports no owner for them.
+
 Out of blocks while growing a running request: preempt the most recently admitted running request
 (free its blocks, re-queue it at the head of ``waiting`` for recompute; READY blocks stay cached).
 """
