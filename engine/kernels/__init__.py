@@ -5,6 +5,7 @@ store_kv(key, value, k_cache, v_cache, slot_mapping)       # key/value [T, Hkv, 
 paged_attention(q, k_cache, v_cache, meta, scale) -> out   # q/out [T, Hq, D]
 rms_norm(x, weight, eps[, residual]) -> out | (out, sum)   # x [rows, hidden]
 rope_store_kv(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
+check_step(meta, k_cache, v_cache, num_tokens) -> meta     # validated once per step
 ```
 ``rms_norm`` with ``residual`` normalises ``residual + x`` and also returns that sum (``residual``
 may be overwritten with it); ``rope_store_kv`` rotates q in place and writes rotated k and v into

@@ -85,24 +85,22 @@ def _capture(fn):
     return _Replay(fn, out), out
 
 
-def test_replayed_decode_matches_eager(monkeypatch: pytest.MonkeyPatch):
-    route_to_triton(monkeypatch)
-    runner = triton_runner(num_blocks=32, block_size=4, max_num_seqs=4)
-    runner.capture_graphs(_capture)
+def _replay_vs_eager(runner) -> None:
+    """Prefill three requests, then one decode step replayed from the bucket-4 graph (one padding
+    row) and the same step eagerly from the same cache: equal logits and equal caches."""
     graphs = runner.graphs
     assert isinstance(graphs, DecodeGraphs) and graphs.buckets == (1, 2, 4)
     graphs.check_integrity()
     prompts = {"a": ([11, 12, 13, 14, 15], [0, 1, 2]), "b": ([21, 22], [3, 4]),
                "c": ([31, 32, 33, 34, 35, 36, 37], [5, 6, 7])}  # fmt: skip
-    prefill = ScheduledBatch([_seq(r, t, 0, tab) for r, (t, _tab) in prompts.items()
-                              for tab in [_tab]])  # fmt: skip
-    runner.compute_logits(prefill)
+    runner.compute_logits(ScheduledBatch([_seq(r, t, 0, tab) for r, (t, tab) in prompts.items()]))
     assert graphs.replays == 0  # not a decode step: eager
     decode = ScheduledBatch([_seq(r, [40 + i], len(t), tab)
                              for i, (r, (t, tab)) in enumerate(prompts.items())])  # fmt: skip
     caches = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
     _, replayed = runner.compute_logits(decode)
-    assert graphs.replays == 1 and replayed.shape[0] == 3  # bucket 4, one padding row
+    replayed = replayed.clone()
+    assert graphs.replays == 1 and replayed.shape[0] == 3
     after_graph = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
     for (k, v), (k0, v0) in zip(runner.kv_caches, caches, strict=True):
         k.copy_(k0)
@@ -112,3 +110,17 @@ def test_replayed_decode_matches_eager(monkeypatch: pytest.MonkeyPatch):
     torch.testing.assert_close(replayed, eager, atol=1e-5, rtol=1e-5)
     for (k, v), (kg, vg) in zip(runner.kv_caches, after_graph, strict=True):
         assert torch.equal(k, kg) and torch.equal(v, vg)  # padding rows wrote nothing
+
+
+def test_replayed_decode_matches_eager(monkeypatch: pytest.MonkeyPatch):
+    route_to_triton(monkeypatch)
+    runner = triton_runner(num_blocks=32, block_size=4, max_num_seqs=4)
+    runner.capture_graphs(_capture)
+    _replay_vs_eager(runner)
+
+
+@pytest.mark.gpu
+def test_captured_cuda_graph_matches_eager():
+    runner = triton_runner(num_blocks=32, block_size=4, max_num_seqs=4)
+    runner.capture_graphs()  # torch.cuda.graph
+    _replay_vs_eager(runner)
