@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One prepared GPU check (about 4-6 minutes on an H200; hard cap under 8):
 #   1. tests/kernels on CUDA: the interpreter tests run compiled, plus the @gpu production shapes
-#   2. `python -m bench.kernels --sweep`: kernels vs torch SDPA (flash) at 0.5B and 7B geometries,
-#      decode bandwidth, cascade vs per-request decode, and a tile-shape sweep
+#   2. `python -m bench.kernels`: kernels vs torch SDPA (flash) at 0.5B and 7B geometries, decode
+#      bandwidth, cascade vs per-request decode (SWEEP=1 adds the tile-shape sweep; allow more time)
 #   3. `python -m bench.gpu_engine`: the engine end to end on a random Qwen2.5-0.5B-geometry model:
 #      bf16 logits vs HF transformers bf16 (max abs diff, top-1 agreement), load / warm-up / graph
 #      capture seconds and Triton compilations after start-up, decode tokens/s at batch 1/8/64
@@ -32,20 +32,24 @@ cat "$OUT/env.txt"
 
 tests_rc=0
 if [ -z "$DRY" ]; then
-  timeout 140 "$PY" -m pytest tests/kernels -q -p no:cacheprovider -o addopts="" \
+  # CPU-only checks (sm_90 compile with the wheel's ptxas, this script's dry run) are CI's
+  timeout 150 "$PY" -m pytest tests/kernels -q -p no:cacheprovider -o addopts="" \
+    --deselect tests/kernels/test_compile_sm90.py \
+    --deselect tests/kernels/test_bench_kernels.py::test_gpu_check_script_dry_run_writes_both_results \
     --junitxml="$OUT/kernel_tests.xml" 2>&1 | tee "$OUT/kernel_tests.txt"
   tests_rc=${PIPESTATUS[0]}
 fi
 
 if [ -z "$DRY" ]; then
-  timeout 130 "$PY" -m bench.kernels --sweep --out "$OUT/kernels.json" 2>&1 | tee "$OUT/bench.txt"
+  timeout 120 "$PY" -m bench.kernels ${SWEEP:+--sweep} --out "$OUT/kernels.json" 2>&1 \
+    | tee "$OUT/bench.txt"
 else
   TRITON_INTERPRET=1 timeout 130 "$PY" -m bench.kernels --dry-run --out "$OUT/kernels.json" \
     2>&1 | tee "$OUT/bench.txt"
 fi
 bench_rc=${PIPESTATUS[0]}
 
-timeout 170 "$PY" -m bench.gpu_engine $DRY --out "$OUT/engine.json" 2>&1 | tee "$OUT/engine.txt"
+timeout 180 "$PY" -m bench.gpu_engine $DRY --out "$OUT/engine.json" 2>&1 | tee "$OUT/engine.txt"
 engine_rc=${PIPESTATUS[0]}
 
 echo "kernel tests rc=$tests_rc, kernel bench rc=$bench_rc, engine bench rc=$engine_rc; results in $OUT"
