@@ -30,6 +30,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("needs a CUDA device")
 
 
+@pytest.fixture(autouse=True)
+def record_kernel_variants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernel tests record every launched variant (``VARIANTS``; off when serving)."""
+    from engine.kernels.triton import VARIANTS  # after TRITON_INTERPRET is settled above
+
+    monkeypatch.setattr(VARIANTS, "recording", True)
+
+
 @pytest.fixture
 def device() -> torch.device:
     return torch.device("cuda" if HAS_CUDA else "cpu")

@@ -90,7 +90,9 @@ def test_kernels_use_no_private_triton_names_and_plain_jit():
 
 
 def test_variant_key_follows_triton_specialization():
-    from engine.kernels.triton._common import variant_key
+    from engine.kernels.triton._common import VariantLog, variant_key
+
+    assert VariantLog().recording is False  # serving pays no key per launch
     from engine.kernels.triton.prefill import _extend_kernel
 
     buf = torch.zeros(64)

@@ -6,12 +6,13 @@ its standard library (``tl.max``, ``tl.sum``): the flag must be set before ``tri
 imported (tests do it in ``tests/kernels/conftest.py``; ``python -m bench.kernels --dry-run``
 before its first import of the kernels).
 
-Every launch goes through :func:`launch`, which records the kernel *variant* it needs (what
+Every launch goes through :func:`launch`, which can record the kernel *variant* it needs (what
 Triton keys its compile cache on: the constexprs, launch options, argument dtypes and pointer
 alignment; runtime integers are ``do_not_specialize`` so their values never add variants).
 ``engine/warmup.py`` launches every variant a model geometry can reach before the engine reports
-ready; ``VARIANTS`` lets tests (under the interpreter, where nothing compiles) check that a
-workload after warm-up needs no new variant.
+ready; ``VARIANTS`` (recording when ``VARIANTS.recording`` is set: the kernel tests do, serving
+does not, the key costs microseconds per launch) lets tests under the interpreter, where nothing
+compiles, check that a workload after warm-up needs no new variant.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class VariantLog:
 
     def __init__(self) -> None:
         self.seen: set[VariantKey] = set()
+        self.recording = False
 
     def note(self, key: VariantKey) -> bool:
         """Record ``key``; True when it is new (Triton would compile it now)."""
@@ -94,8 +96,9 @@ def launch(
     num_stages: int = 3,
     **constexprs: Any,
 ) -> None:
-    """``kernel[grid](*args, **constexprs)``, recording the variant it needs."""
-    VARIANTS.note(variant_key(kernel, args, constexprs, num_warps, num_stages))
+    """``kernel[grid](*args, **constexprs)``, recording the variant it needs when asked."""
+    if VARIANTS.recording:
+        VARIANTS.note(variant_key(kernel, args, constexprs, num_warps, num_stages))
     kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
 
 
