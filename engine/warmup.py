@@ -71,10 +71,11 @@ def _seq(limits: StepLimits, rid: str, num_new: int, start: int, table: tuple[in
 
 
 def profile_batch(limits: StepLimits) -> ScheduledBatch:
-    """``max_num_batched_tokens`` prompt tokens over min(max_num_seqs, tokens) requests, each
-    sampling (the LM head's largest output), chunks no longer than the model allows."""
-    total = limits.max_num_batched_tokens
-    n = max(min(limits.max_num_seqs, total), -(-total // max(1, limits.max_model_len - 1)))
+    """The largest step the scheduler can produce: ``max_num_batched_tokens`` prompt tokens (at
+    most max_num_seqs x max_model_len) over as many requests as allowed, each sampling (the LM
+    head's largest output)."""
+    total = min(limits.max_num_batched_tokens, limits.max_num_seqs * limits.max_model_len)
+    n = min(limits.max_num_seqs, total)  # so that no request exceeds max_model_len
     tables = _Tables(limits)
     seqs = []
     for i in range(n):

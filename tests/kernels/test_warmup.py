@@ -82,4 +82,6 @@ def test_profile_batch_is_the_largest_step() -> None:
     assert batch.num_tokens == 8192 and len(batch.seqs) == 256
     assert all(s.sample for s in batch.seqs)
     few = profile_batch(StepLimits(16, 10_000, 100, 1000, 4, 1000))
-    assert few.num_tokens == 1000 and all(s.end_pos < 100 for s in few.seqs)
+    assert few.num_tokens == 400 and [s.end_pos for s in few.seqs] == [100] * 4
+    tiny = profile_batch(StepLimits(16, 10_000, 100, 3, 4, 1000))
+    assert tiny.num_tokens == 3 and len(tiny.seqs) == 3
