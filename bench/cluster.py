@@ -212,7 +212,8 @@ def start_workers(model_dir: Path, ids: list[str]) -> list[Any]:
 
     from gateway.cluster.local import LocalWorker
 
-    env = {**os.environ, "KVGATE_LOG_LEVEL": "warning"}
+    # one compute thread per worker: several workers share this machine's two cores
+    env = {**os.environ, "KVGATE_LOG_LEVEL": "warning", "OMP_NUM_THREADS": "1"}
     with ThreadPoolExecutor(len(ids)) as pool:
         futures = [
             pool.submit(LocalWorker.start, str(model_dir), 120, worker_id=i, token=TOKEN, env=env)

@@ -38,7 +38,9 @@ from gateway.cluster.placer import Placer, TenantPin, placement_key
 from gateway.cluster.router import Route, choose
 
 log = structlog.get_logger(__name__)
-HEALTH_TIMEOUT_S = 2.0  # least time a health check (and any non-streaming call) may take
+# Least time a health check (and any non-streaming call) may take: a worker whose CPU is
+# saturated by prefill answers late, and a slow worker is not a dead one.
+HEALTH_TIMEOUT_S = 5.0
 
 
 class ClusterEngine:
@@ -172,10 +174,11 @@ class ClusterEngine:
             same = m.healthy and m.info is not None and m.info.boot_id == load.boot_id
             info = m.info if same else await m.client.info()
         except WorkerUnavailable as exc:
+            m.refused = exc.refused
             return self._take_out(m) if m.failed(refused=exc.refused) else False
         except (wire.WireError, KeyError, ValueError):
             return self._take_out(m) if m.failed() else False
-        m.failures = 0
+        m.failures, m.refused = 0, False
         m.observed(load)
         if load.waiting == 0:
             m.record_queue_delay(0.0)
@@ -321,6 +324,13 @@ class ClusterEngine:
 
     def _route(self, key: str, namespace: str, ids: Sequence[int], tried: set[str]) -> Route:
         members = [m for w, m in self.healthy().items() if w not in tried]
+        degraded = not members
+        if degraded:  # none healthy: a worker that answers late beats failing the request
+            members = [
+                m
+                for m in self.members.values()
+                if m.info is not None and not m.refused and m.worker_id not in tried
+            ]
         pin = self.placer.pins.get(key)
         pinned_blocks = pin.blocks if pin is not None else 0
         blocks, holders = self.index.longest(namespace, ids, self.block_size)
@@ -332,7 +342,7 @@ class ClusterEngine:
         route = choose(members, placed, key, affinity, self._spill_queue_s)
         if route is None:
             raise WorkerUnavailable("no healthy worker can take the request")
-        return route
+        return Route(route.member, "degraded") if degraded else route
 
     def _leave(self, rid: str, m: Member, cost: int) -> None:
         if self._flights.get(rid) is m:

@@ -20,6 +20,7 @@ class Member:
     info: WorkerInfo | None = None
     healthy: bool = False
     failures: int = 0
+    refused: bool = False  # the latest failure was a refused connection (nothing listens)
     load: WorkerLoad | None = None
     local_tokens: int = 0  # outstanding tokens of this gateway's requests on it
     other_tokens: int = 0  # other gateways' share at the last load poll

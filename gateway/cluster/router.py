@@ -6,6 +6,7 @@
 3. spill      every worker of the set has a queue delay over the threshold: the least-loaded
               healthy worker anywhere
 4. hash       the tenant is placed nowhere (no room): its rendezvous-first healthy worker
+5. degraded   no worker is healthy: the same choice among workers that only answered late
 """
 
 from __future__ import annotations
