@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "kernels": ("bench.kernels", "Triton kernels vs torch SDPA (GPU; CPU dry run)"),
     "gateway": ("bench.gateway", "gateway + limiter overhead vs AsyncEngine directly"),
     "cluster": ("bench.cluster", "tenant placement over worker processes vs round-robin, hash"),
+    "tiers": ("bench.tiers", "host KV tier vs none, restore vs recompute, warm start from disk"),
 }
 
 
