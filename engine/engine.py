@@ -243,6 +243,8 @@ class EngineCore:
         for job in list(self._pin_jobs.values()):
             job.finish(None, PinRejected("engine stopped before the prefix was computed"))
         self._pin_jobs.clear()
+        if self.snapshots is not None:
+            self.snapshots.flush()  # graceful shutdown: snapshots being written are finished
         return [o for o in outs if o is not None and not o.request_id.startswith(_PIN_PREFIX)]
 
     def check_integrity(self) -> None:

@@ -71,7 +71,10 @@ class Snapshots:
         cache.free(rid)
         self._known.add((namespace, token_ids))
         self.restored += 1
-        self.restore_seconds += time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        self.restore_seconds += elapsed
+        cache.tiers.snapshot_restores += 1
+        cache.tiers.snapshot_us += int(elapsed * 1e6)
         return True
 
     def save(self, core: EngineCore, namespace: str, token_ids: tuple[int, ...]) -> None:

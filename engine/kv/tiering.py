@@ -41,6 +41,8 @@ class TierState:
     blocks_out: int = 0
     blocks_in: int = 0
     restore_us: int = 0  # time the runner spent on transfers (reported by the engine)
+    snapshot_restores: int = 0  # prompts restored from disk (engine/snapshot_restore.py)
+    snapshot_us: int = 0  # time those restores took (read, check, copy into the device)
 
 
 def notify(cache: PrefixCache, key: bytes, tier: str | None) -> None:
@@ -196,4 +198,6 @@ def stats(cache: PrefixCache) -> dict[str, int]:
         "bytes_offloaded": tiers.blocks_out * tiers.block_bytes,
         "bytes_restored": tiers.blocks_in * tiers.block_bytes,
         "transfer_us": tiers.restore_us,
+        "snapshot_restores": tiers.snapshot_restores,
+        "snapshot_restore_us": tiers.snapshot_us,
     }

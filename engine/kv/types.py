@@ -110,6 +110,8 @@ class CacheStats:
     bytes_offloaded: int = 0
     bytes_restored: int = 0
     transfer_us: int = 0  # time spent performing the copies (restore latency, summed)
+    snapshot_restores: int = 0  # pinned prompts restored from disk snapshots
+    snapshot_restore_us: int = 0  # time of those restores, summed
 
     @property
     def hit_rate(self) -> float:

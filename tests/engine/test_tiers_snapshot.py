@@ -71,6 +71,7 @@ def test_restart_restores_a_pinned_prompt_from_disk(tmp_path: Path, block_size: 
     full = len(system) // block_size * block_size
     assert handle.num_tokens == full
     assert eng.num_model_tokens == 0 and eng.core.snapshots.restored == 1  # nothing computed
+    assert eng.cache_stats().snapshot_restores == 1 and eng.cache_stats().snapshot_restore_us > 0
     got_logits, got_tokens = logits_and_tokens(eng, [*system, 7, 8], "t")
     assert got_tokens == want_tokens
     assert torch.allclose(got_logits, want_logits, atol=1e-5, rtol=0)
