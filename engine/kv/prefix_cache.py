@@ -160,7 +160,7 @@ class PrefixCache:
         keys = self._prompt_keys(request_id, namespace, token_ids)
         cap = (len(token_ids) - 1) // bs
         matched = self.index.match(keys[:cap])
-        hosted = tiering.host_continuation(self, matched, keys[len(matched) : cap])
+        hosted = tiering.host_continuation(self, matched, keys, cap)
         num_new = -(-len(token_ids) // bs) - len(matched)
         # matched idle blocks are about to be held: they cannot also be evicted for this request
         if num_new > self.pool.num_allocatable - len(matched):  # exact count only when tight
@@ -344,7 +344,7 @@ class PrefixCache:
                 self._num_in_use -= 1
                 if block.key is None:
                     self.pool.push_free(block)
-                elif block.is_idle:  # not LOADING: that one turns idle when its copy is done
+                elif block.pin_count == 0 and block.state is READY:  # LOADING: when copied
                     block.last_access = self._tick
                     self.pool.mark_idle(block)
         for owner_id in seq.owners:

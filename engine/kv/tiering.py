@@ -53,12 +53,14 @@ def notify(cache: PrefixCache, key: bytes, tier: str | None) -> None:
 
 
 def host_continuation(
-    cache: PrefixCache, matched: list[Block], keys: list[bytes | None]
+    cache: PrefixCache, matched: list[Block], keys: list[bytes | None], cap: int
 ) -> list[HostEntry]:
-    """Host entries continuing a device chain that ends on a READY block (or is empty)."""
-    if matched and matched[-1].state is not BlockState.READY:
+    """Host entries continuing a device chain (``matched``, the device hits among ``keys[:cap]``)
+    that ends on a READY block or is empty."""
+    host = cache.tiers.host
+    if not host.entries or (matched and matched[-1].state is not BlockState.READY):
         return []
-    return cache.tiers.host.match(keys)
+    return host.match(keys[len(matched) : cap])
 
 
 def restore(cache: PrefixCache, seq: RequestState, first: int, entries: list[HostEntry]) -> None:
