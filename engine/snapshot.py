@@ -92,7 +92,7 @@ def fingerprint(model_path: str | Path) -> tuple[str, str]:
         return one, one
     model = hashlib.sha256()
     tok = hashlib.sha256()
-    for f in sorted(path.iterdir()):
+    for f in sorted(p for p in path.iterdir() if p.is_file()):
         if f.name == "config.json" or f.suffix in _WEIGHTS:
             model.update(_file_digest(f).encode())
         elif f.name in _TOKENIZER:
