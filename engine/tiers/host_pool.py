@@ -45,11 +45,16 @@ class HostKVPool:
     def run(self, kv_caches: Sequence[KVCache], plan: TransferPlan) -> int:
         """Perform ``plan`` in order; microseconds of host time spent (enqueueing on CUDA)."""
         start = time.perf_counter()
-        if self.stream is None:
+        stream = self.stream
+        if stream is None:
             for direction, group in _runs(plan.transfers):
                 self._copy_cpu(kv_caches, direction, group)
         else:
-            self._run_cuda(kv_caches, plan)
+            compute = torch.cuda.current_stream(self.device)
+            stream.wait_stream(compute)  # offloads read what earlier steps wrote
+            with torch.cuda.stream(stream):
+                self.run_staged(kv_caches, plan)
+            compute.wait_stream(stream)  # the next forward reads what was restored
         return int((time.perf_counter() - start) * 1e6)
 
     def sync(self) -> None:
@@ -73,22 +78,18 @@ class HostKVPool:
                 else:
                     cache.index_copy_(0, blocks, self.data[:, layer, i].index_select(0, slots))
 
-    # ------------------------------------------------------------------ CUDA
+    # ------------------------------------------------------------------ CUDA (staged)
 
-    def _run_cuda(self, kv_caches: Sequence[KVCache], plan: TransferPlan) -> None:
-        stream = self.stream
-        assert stream is not None
-        compute = torch.cuda.current_stream(self.device)
-        stream.wait_stream(compute)
-        with torch.cuda.stream(stream):
-            for direction, group in _runs(plan.transfers):
-                if direction is Direction.OUT:
-                    self._out_cuda(kv_caches, _last_per_slot(group))
-                else:
-                    self._in_cuda(kv_caches, group)
-        compute.wait_stream(stream)
+    def run_staged(self, kv_caches: Sequence[KVCache], plan: TransferPlan) -> None:
+        """The CUDA copies (one host copy per block through a device staging tensor), issued on
+        the current stream; device-agnostic, so the CPU tests check its layout too."""
+        for direction, group in _runs(plan.transfers):
+            if direction is Direction.OUT:
+                self._out_staged(kv_caches, _last_per_slot(group))
+            else:
+                self._in_staged(kv_caches, group)
 
-    def _out_cuda(self, kv_caches: Sequence[KVCache], group: list[Transfer]) -> None:
+    def _out_staged(self, kv_caches: Sequence[KVCache], group: list[Transfer]) -> None:
         blocks = torch.tensor([t.block_id for t in group], dtype=torch.long, device=self.device)
         # [n, layers, 2, block...]: one contiguous device piece per block, one copy each
         staged = torch.stack(
@@ -101,7 +102,7 @@ class HostKVPool:
         for j, t in enumerate(group):
             self.data[t.slot].copy_(staged[j], non_blocking=True)
 
-    def _in_cuda(self, kv_caches: Sequence[KVCache], group: list[Transfer]) -> None:
+    def _in_staged(self, kv_caches: Sequence[KVCache], group: list[Transfer]) -> None:
         staged = torch.empty(
             (len(group), *self.data.shape[1:]), dtype=self.data.dtype, device=self.device
         )

@@ -92,3 +92,42 @@ def test_pin_beyond_the_device_cap_is_restored_from_the_host() -> None:
     eng.unpin(hb)
     assert eng.cache_stats().host_blocks_pinned == 0
     eng.check_integrity()
+
+
+def _kv(num_blocks: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (
+            torch.randn(num_blocks, 4, 2, 8, generator=g),
+            torch.randn(num_blocks, 4, 2, 8, generator=g),
+        )
+        for _ in range(3)
+    ]
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["cpu", "staged"])
+def test_host_pool_copies_follow_plan_order(staged: bool) -> None:
+    """Both copy paths (CPU index copies; the CUDA path's staged per-block copies) move whole
+    blocks of every layer, in plan order: a slot reused within one plan ends with the later
+    block, a restore from a slot reads it before a later offload overwrites it."""
+    from engine.kv.transfers import Direction, Transfer, TransferPlan
+    from engine.tiers.host_pool import HostKVPool, read_blocks, write_blocks
+
+    kv = _kv(6, seed=0)
+    want = {b: read_blocks(kv, [b])[0].clone() for b in range(6)}
+    pool = HostKVPool(kv, 4)
+    out, into = Direction.OUT, Direction.IN
+    plan = TransferPlan(
+        (
+            Transfer(out, 0, 0), Transfer(out, 1, 1), Transfer(out, 2, 0),  # slot 0 reused: 2
+            Transfer(into, 5, 1),  # block 5 <- slot 1 (block 1's K/V)
+            Transfer(out, 3, 1),  # slot 1 overwritten after it was read
+        )
+    )  # fmt: skip
+    run = pool.run_staged if staged else pool.run
+    run(kv, plan)
+    assert torch.equal(pool.data[0], want[2]) and torch.equal(pool.data[1], want[3])
+    assert torch.equal(read_blocks(kv, [5])[0], want[1])
+    write_blocks(kv, [4], want[0][None])
+    assert torch.equal(read_blocks(kv, [4])[0], want[0])
+    assert pool.block_bytes == want[0].numel() * 4
