@@ -119,6 +119,10 @@ class CacheStats:
 
 
 class CacheListener(Protocol):
+    """Device events. A listener may also define ``on_tier(key, tier)`` (called when present):
+    ``"host"`` after an offload, ``"device"`` after a restore, ``None`` when dropped from the host
+    tier (engine/kv/tiering.py)."""
+
     def on_stored(
         self, namespace: str, key: bytes, parent_key: bytes | None, token_ids: tuple[int, ...]
     ) -> None: ...
