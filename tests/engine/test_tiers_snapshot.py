@@ -162,3 +162,21 @@ def test_snapshot_written_atomically_once(tmp_path: Path) -> None:
     eng.core.snapshots.flush()
     assert eng.core.snapshots.saved == 1
     assert len(list(tmp_path.iterdir())) == 1  # no temporary file left behind
+
+
+def test_settings_carry_the_tier_options_to_the_engine(tmp_path: Path) -> None:
+    from engine.config import EngineConfig
+    from gateway.settings import ModelSettings, load_source
+
+    def overrides(env: dict[str, str]) -> dict[str, object]:
+        return ModelSettings.from_source(load_source(env)).engine_overrides()
+
+    default = overrides({"KVGATE_VAR_DIR": str(tmp_path)})
+    assert default["kv_snapshot_dir"] == str(tmp_path / "kv-snapshots")
+    assert default["host_kv_bytes"] == 0
+    assert overrides({"KVGATE_KV_SNAPSHOT_DIR": "off"})["kv_snapshot_dir"] is None
+    chosen = overrides({"KVGATE_KV_SNAPSHOT_DIR": "/srv/snaps", "KVGATE_HOST_KV_BYTES": "1024"})
+    assert chosen["kv_snapshot_dir"] == "/srv/snaps" and chosen["host_kv_bytes"] == 1024
+    EngineConfig(**chosen)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="host_kv_bytes"):
+        EngineConfig(host_kv_bytes=-1)
