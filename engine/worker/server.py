@@ -23,7 +23,7 @@ import contextlib
 import hmac
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -54,6 +54,7 @@ class WorkerState:
     info: WorkerInfo
     events: KvEventHub
     load: LoadTracker
+    background: set[asyncio.Task[Any]] = field(default_factory=set)  # orphan unpins
 
 
 WORKER = web.AppKey("worker", WorkerState)
@@ -214,11 +215,23 @@ async def _pin(request: web.Request) -> web.Response:
         ns, ids = str(body["ns"]), [int(t) for t in body["ids"]]
     except (KeyError, TypeError, ValueError) as exc:
         return _reply({"e": wire.error_to_wire(ValueError(f"bad pin request: {exc}"))}, 400)
+    state = request.app[WORKER]
+    pinning = asyncio.ensure_future(state.engine.pin_prefix(ns, ids))
     try:
-        handle = await request.app[WORKER].engine.pin_prefix(ns, ids)
+        handle = await asyncio.shield(pinning)
     except EngineError as exc:
         return _reply({"e": wire.error_to_wire(exc)})
+    except asyncio.CancelledError:  # the caller left: a pin nobody holds would never go away
+        pinning.add_done_callback(lambda done: _release_orphan(state, done))
+        raise
     return _reply({"handle": wire.pin_to_wire(handle)})
+
+
+def _release_orphan(state: WorkerState, done: asyncio.Future[Any]) -> None:
+    if not done.cancelled() and done.exception() is None:
+        task = asyncio.ensure_future(state.engine.unpin(done.result()))
+        state.background.add(task)
+        task.add_done_callback(state.background.discard)
 
 
 async def _unpin(request: web.Request) -> web.Response:

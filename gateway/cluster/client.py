@@ -24,6 +24,9 @@ from engine.params import SamplingParams
 from engine.worker import wire
 from gateway.cluster.stream import ConnectionPool, HttpError, Response
 
+PIN_TIMEOUT_S = 300.0
+PIN_TIMEOUT = aiohttp.ClientTimeout(total=PIN_TIMEOUT_S, sock_connect=5.0)
+
 
 class WorkerUnavailable(EngineDead):
     """The worker could not take the request (nothing was generated). ``refused``: nothing
@@ -82,11 +85,17 @@ class WorkerClient:
     async def _get(self, path: str) -> Any:
         return await self._call("GET", path, None)
 
-    async def _call(self, method: str, path: str, body: Any) -> Any:
+    async def _call(
+        self, method: str, path: str, body: Any, timeout: aiohttp.ClientTimeout | None = None
+    ) -> Any:
         data = None if body is None else wire.encode(body)
         try:
             async with self._session.request(
-                method, self.url + path, data=data, headers=self._headers, timeout=self._timeout
+                method,
+                self.url + path,
+                data=data,
+                headers=self._headers,
+                timeout=timeout or self._timeout,
             ) as resp:
                 payload = await resp.read()
                 if resp.status != 200:
@@ -127,7 +136,10 @@ class WorkerClient:
         await self._call("POST", "/v1/abort", {"rid": request_id})
 
     async def pin(self, namespace: str, token_ids: Sequence[int]) -> PinHandle:
-        d = await self._call("POST", "/v1/pin", {"ns": namespace, "ids": list(token_ids)})
+        """May wait for a prefill queued behind requests: a long timeout (``PIN_TIMEOUT_S``);
+        a pin whose caller gave up is released by the worker."""
+        body = {"ns": namespace, "ids": list(token_ids)}
+        d = await self._call("POST", "/v1/pin", body, timeout=PIN_TIMEOUT)
         return wire.pin_from_wire(d["handle"])
 
     async def unpin(self, handle: PinHandle) -> None:

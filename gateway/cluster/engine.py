@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -63,6 +64,7 @@ class ClusterEngine:
         self._endpoints = tuple(endpoints)
         self._token = token
         self._health_s = health_s
+        self._health_timeout = max(HEALTH_TIMEOUT_S, 2 * health_s)
         self._spill_queue_s = spill_queue_s
         self._stats = load_stats or LoadStats(None, "", 10.0)
         self._on_close = on_close  # e.g. stop the local worker process
@@ -154,7 +156,7 @@ class ClusterEngine:
         for url in await resolve_workers(self._endpoints):
             if url not in self.members:
                 # a busy worker may answer late: only a refused or hung call counts as failed
-                timeout = max(HEALTH_TIMEOUT_S, 2 * self._health_s)
+                timeout = self._health_timeout
                 client = WorkerClient(url, self._token, self._session, timeout_s=timeout)
                 self.members[url] = Member(url, client)
         results = await asyncio.gather(*(self._check(m) for m in self.members.values()))
@@ -175,6 +177,8 @@ class ClusterEngine:
             info = m.info if same else await m.client.info()
         except WorkerUnavailable as exc:
             m.refused = exc.refused
+            if not exc.refused and time.monotonic() - m.last_output < self._health_timeout:
+                return False  # late, but it streamed outputs just now: busy, not gone
             return self._take_out(m) if m.failed(refused=exc.refused) else False
         except (wire.WireError, KeyError, ValueError):
             return self._take_out(m) if m.failed() else False
@@ -311,6 +315,7 @@ class ClusterEngine:
         try:
             out = first
             while True:
+                m.last_output = time.monotonic()
                 yield out
                 if out.finished:
                     q = out.metrics.queue_time
