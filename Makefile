@@ -1,5 +1,6 @@
 # The two commands of the README: `make serve` and `make test`.
-# Each creates .venv when missing and installs what it needs (torch pinned: the CPU build on disk).
+# Each creates .venv when missing and installs what it needs (torch pinned: the CPU build on disk;
+# every other package at the version in constraints.txt, the set CI tests).
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -12,9 +13,9 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e '.[dev]' $(TORCH)
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]' $(TORCH)
 	touch $(STAMP)
 
 install: $(STAMP)
