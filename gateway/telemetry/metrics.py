@@ -33,7 +33,12 @@ class _StateCollector(Collector):
                 value = _stat(stats, f"blocks_{state}")
                 if value is not None:
                     blocks.add_metric([state], float(value))
+            for state in ("total", "cached", "pinned"):  # the host-memory tier
+                value = _stat(stats, f"host_blocks_{state}")
+                if value is not None:
+                    blocks.add_metric([f"host_{state}"], float(value))
             yield blocks
+            yield from _tier_counters(stats)
         if self._limiter is not None and hasattr(self._limiter, "failovers"):
             yield GaugeMetricFamily(
                 "kvgate_ratelimit_redis_down",
@@ -50,6 +55,29 @@ class _StateCollector(Collector):
                 "admissions decided in-process while Redis was down",
                 value=float(self._limiter.fallback_decisions),
             )
+
+
+# Host tier and snapshot counters of ``CacheStats``: (series, help, stats field).
+_TIER_COUNTERS = (
+    ("kvgate_kv_host_hit_tokens", "prompt tokens served from the host tier", "host_hit_tokens"),
+    ("kvgate_kv_blocks_offloaded", "KV blocks copied device -> host", "blocks_offloaded"),
+    ("kvgate_kv_blocks_restored", "KV blocks copied host -> device", "blocks_restored"),
+    ("kvgate_kv_bytes_offloaded", "KV bytes copied device -> host", "bytes_offloaded"),
+    ("kvgate_kv_bytes_restored", "KV bytes copied host -> device", "bytes_restored"),
+    ("kvgate_kv_transfer_seconds", "time spent in tier copies", "transfer_us"),
+    ("kvgate_kv_snapshot_restores", "pinned prompts restored from disk", "snapshot_restores"),
+    ("kvgate_kv_snapshot_restore_seconds", "time restoring from disk", "snapshot_restore_us"),
+)
+
+
+def _tier_counters(stats: Any) -> Iterator[Any]:
+    for name, help_text, field in _TIER_COUNTERS:
+        value = _stat(stats, field)
+        if value is None:
+            continue
+        if field.endswith("_us"):
+            value /= 1e6
+        yield CounterMetricFamily(name, help_text, value=value)
 
 
 def _stat(stats: Any, *names: str) -> float | None:
