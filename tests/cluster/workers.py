@@ -23,6 +23,7 @@ def worker_env(**extra: str) -> dict[str, str]:
         KVGATE_DEVICE="cpu",
         KVGATE_KV_CACHE_BYTES=str(KV_CACHE_BYTES),
         KVGATE_LOG_LEVEL="warning",
+        KVGATE_KV_SNAPSHOT_DIR="off",  # never write into or restore from the repository's var/
         **extra,
     )
     return env

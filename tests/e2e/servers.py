@@ -25,6 +25,7 @@ BASE_ENV = {
     "KVGATE_DEFAULT_MODEL": "demo",  # hermetic: no download of the default model
     "KVGATE_SHUTDOWN_TIMEOUT_S": "3",
     "KVGATE_METRICS_PORT": "0",  # no metrics listener unless a test asks (one port per process)
+    "KVGATE_KV_SNAPSHOT_DIR": "off",  # no pinned-prompt snapshots unless a test asks
     "OMP_NUM_THREADS": "1",
 }
 
