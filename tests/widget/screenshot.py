@@ -41,6 +41,10 @@ async def take(out: Path, model: str | None) -> None:
             "KVGATE_DEFAULT_MAX_TOKENS": "40",
             "KVGATE_ADMIN_TOKEN": "screenshot-admin-token",
         }
+        if model.endswith(".gguf"):  # the default model: its sampling defaults and name
+            from gateway.default_model import MODEL_ID, SAMPLING_DEFAULTS
+
+            env.update(SAMPLING_DEFAULTS, KVGATE_MODEL_NAME=MODEL_ID, KVGATE_DEFAULT_MAX_TOKENS="80")
         app = create_app(Settings.from_env(env), model_dir=model)
         runner = web.AppRunner(app, handler_cancellation=True)
         await runner.setup()
@@ -67,7 +71,9 @@ async def take(out: Path, model: str | None) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("docs/widget.png"))
-    parser.add_argument("--model", help="HF model directory (default: the demo model)")
+    parser.add_argument(
+        "--model", help="HF model directory or .gguf file (default: the random demo model)"
+    )
     args = parser.parse_args()
     asyncio.run(take(args.out, args.model))
     print(f"wrote {args.out}")
