@@ -44,7 +44,8 @@ async def take(out: Path, model: str | None) -> None:
         if model.endswith(".gguf"):  # the default model: its sampling defaults and name
             from gateway.default_model import MODEL_ID, SAMPLING_DEFAULTS
 
-            env.update(SAMPLING_DEFAULTS, KVGATE_MODEL_NAME=MODEL_ID, KVGATE_DEFAULT_MAX_TOKENS="80")
+            env.update(SAMPLING_DEFAULTS, KVGATE_MODEL_NAME=MODEL_ID)
+            env["KVGATE_DEFAULT_MAX_TOKENS"] = "80"
         app = create_app(Settings.from_env(env), model_dir=model)
         runner = web.AppRunner(app, handler_cancellation=True)
         await runner.setup()
