@@ -218,7 +218,8 @@ class PinManager:
             "prefix_tokens": len(cur.prefix.ids) if cur else 0,
             "pinned_blocks": len(handle.block_ids) if handle is not None else 0,
             "pinned_tokens": handle.num_tokens if handle is not None else 0,
-            # where the pinned prompt lives: "device", or "host" (beyond the device pin cap)
+            # where the pinned prompt lives: "device", or "host" (beyond the device pin cap);
+            # in a cluster "mixed" when the workers differ (per worker: pin_tiers)
             "pin_tier": getattr(handle, "tier", None) if handle is not None else None,
             "inflight_requests": cur.inflight if cur else 0,
             "retiring_versions": [e.version for e in self._retiring if e.tenant_id == tenant_id],
@@ -227,7 +228,14 @@ class PinManager:
             "hit_tokens": counters.hit_tokens,
             "hit_rate": counters.hit_tokens / counters.query_tokens if counters.query_tokens else 0,
             "pinned_on": self._pinned_on(handle),
+            "pin_tiers": self._pin_tiers(handle),
         }
+
+    def _pin_tiers(self, handle: Any) -> dict[str, str] | None:
+        """Per worker holding the pin, its tier (None for an in-process engine)."""
+        if self._cluster is None:
+            return None
+        return handle.tiers(self._cluster.healthy()) if handle is not None else {}
 
     def _pinned_on(self, handle: Any) -> list[str] | None:
         """Workers holding the pin (None for an in-process engine)."""

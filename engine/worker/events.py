@@ -1,4 +1,4 @@
-"""KV events of one worker: blocks stored / removed, per namespace, streamed to subscribers.
+"""KV events of one worker: blocks stored / removed / moved between tiers, streamed to subscribers.
 
 The prefix cache calls the listener on the engine thread; events are buffered under a lock and
 handed to the event loop in batches (``drain``), so the engine thread never touches asyncio::
@@ -9,6 +9,15 @@ handed to the event loop in batches (``drain``), so the engine thread never touc
 
 Namespaces are sent as their root key digest, never as the salt itself. A removed event names
 only the block key (the cache knows no more); subscribers keep key -> namespace themselves.
+Events, as JSON arrays::
+
+    ["s", namespace, key, parent | null]    stored on the device
+    ["r", key]                              removed from the device
+    ["t", key, "host" | "device" | null]    tier: copied out to host memory (the device block
+                                            may stay until evicted), restored to the device,
+                                            or dropped from host memory (null)
+
+A block offloaded on eviction sends "t" host, then "r": the worker still holds it, in host memory.
 """
 
 from __future__ import annotations
@@ -22,6 +31,8 @@ from engine.kv.hashing import root_key
 
 STORED = "s"
 REMOVED = "r"
+TIER = "t"
+TIERS = ("host", "device", None)
 QUEUE_LIMIT = 10_000  # batches a subscriber may fall behind before it is dropped
 
 
@@ -34,6 +45,7 @@ class KvEventHub:
         self._subscribers: set[asyncio.Queue[list[list[Any]] | None]] = set()
         self.stored = 0  # events seen, for tests and /v1/load
         self.removed = 0
+        self.tiered = 0
 
     # -- engine thread -------------------------------------------------------------------------
     def on_stored(
@@ -51,6 +63,13 @@ class KvEventHub:
             self.removed += 1
             if self._subscribers:
                 self._pending.append([REMOVED, key.hex()])
+
+    def on_tier(self, key: bytes, tier: str | None) -> None:
+        assert tier in TIERS, f"unknown tier {tier!r}"
+        with self._lock:
+            self.tiered += 1
+            if self._subscribers:
+                self._pending.append([TIER, key.hex(), tier])
 
     # -- event loop ----------------------------------------------------------------------------
     def subscribe(self) -> asyncio.Queue[list[list[Any]] | None]:

@@ -23,6 +23,9 @@ from engine.kv import CacheStats, PinHandle, PriorityRange
 from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from engine.params import SamplingParams
 
+DEVICE, HOST = "device", "host"
+PIN_TIERS = (DEVICE, HOST)  # where a pinned prompt lives (engine/kv/types.py PinHandle.tier)
+
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
 _loads = json.JSONDecoder().decode
 
@@ -162,13 +165,18 @@ def pin_to_wire(handle: PinHandle) -> dict[str, Any]:
         "namespace": handle.namespace,
         "block_ids": list(handle.block_ids),
         "num_tokens": handle.num_tokens,
+        "tier": handle.tier,
     }
 
 
 def pin_from_wire(data: dict[str, Any]) -> PinHandle:
+    tier = str(data.get("tier", DEVICE))  # absent: a worker from before the host tier
+    if tier not in PIN_TIERS:
+        raise WireError(f"unknown pin tier: {tier!r}")
     return PinHandle(
         int(data["pin_id"]),
         str(data["namespace"]),
         tuple(int(b) for b in data["block_ids"]),
         int(data["num_tokens"]),
+        tier,
     )

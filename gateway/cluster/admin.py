@@ -67,6 +67,7 @@ def cluster_report(engine: ClusterEngine) -> dict[str, Any]:
             p.tenant_id: {
                 "placed_on": list(placement.workers_of(p.key)),
                 "pinned_on": p.workers(live),
+                "pin_tiers": p.tiers(live),
                 "blocks": p.blocks,
                 "rejected": dict(p.rejected),
             }

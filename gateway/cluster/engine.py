@@ -163,7 +163,8 @@ class ClusterEngine:
         rates = await self._stats.refresh()
         demands = self.placer.demands(rates, len(self.healthy()))
         shape = {d.key: (d.replicas, d.heat) for d in demands}
-        if any(results) or shape != self._demand_shape:  # rates move once per load window
+        retry = self.placer.retry_due(time.monotonic())  # pins a worker refused, again
+        if any(results) or shape != self._demand_shape or retry:  # rates: once per window
             self._demand_shape = shape
             self._dirty.set()
 
@@ -366,6 +367,7 @@ class ClusterEngine:
             m.check_integrity()
         assert all(m.inflight > 0 for m in self._flights.values()), "flight without inflight"
         self.placer.check_integrity()
+        self.index.check_integrity()
 
 
 async def _close(stream: Any) -> None:

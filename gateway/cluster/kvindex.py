@@ -6,6 +6,12 @@ prompt's keys itself and finds the worker holding its longest cached prefix::
     prompt blocks:  k0 -> k1 -> k2 -> k3 -> k4          (k_i fixes the whole prefix up to block i)
     index:          k0:{A,B} k1:{A,B} k2:{A} k3:{A}     -> A holds 4 blocks, B 2
 
+A worker holds a key on the device, in its host-memory tier, or both (the tier events of
+engine/worker/events.py). A host-tier block still counts (a copy in beats recomputing it), but at
+the longest prefix the workers holding it on the device come first::
+
+    k3:{A: host, B: device}    -> 4 blocks, B (A only when no worker has it on the device)
+
 Bounded: beyond ``max_keys`` the oldest keys are forgotten (a lost hint, never a wrong one:
 the worker still checks its own cache).
 """
@@ -16,50 +22,84 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from engine.kv.hashing import block_keys, root_key
-from engine.worker.events import REMOVED, STORED
+from engine.worker.events import REMOVED, STORED, TIER
+
+DEVICE = 1  # where a worker holds a key (bits)
+HOST = 2
+_TIER_BIT = {"device": DEVICE, "host": HOST}
 
 
 class KvIndex:
     def __init__(self, max_keys: int = 1_000_000) -> None:
-        self._holders: OrderedDict[str, set[str]] = OrderedDict()
+        self._holders: OrderedDict[str, dict[str, int]] = OrderedDict()  # key -> worker -> bits
         self._max = max_keys
 
     def __len__(self) -> int:
         return len(self._holders)
 
     def apply(self, worker_id: str, batch: Sequence[Sequence[object]]) -> None:
-        holders = self._holders
         for event in batch:
-            kind, key = event[0], event[2] if event[0] == STORED else event[1]
-            assert isinstance(key, str)
+            kind = event[0]
             if kind == STORED:
-                holders.setdefault(key, set()).add(worker_id)
-                holders.move_to_end(key)
-                if len(holders) > self._max:
-                    holders.popitem(last=False)
+                self._set(str(event[2]), worker_id, DEVICE)
             elif kind == REMOVED:
-                ws = holders.get(key)
-                if ws is not None:
-                    ws.discard(worker_id)
-                    if not ws:
-                        del holders[key]
+                self._clear(str(event[1]), worker_id, DEVICE)
+            elif kind == TIER:
+                key, tier = str(event[1]), event[2]
+                if tier is None:
+                    self._clear(key, worker_id, HOST)
+                else:
+                    self._set(key, worker_id, _TIER_BIT[str(tier)])
+
+    def _set(self, key: str, worker_id: str, bit: int) -> None:
+        holders = self._holders
+        ws = holders.setdefault(key, {})
+        ws[worker_id] = ws.get(worker_id, 0) | bit
+        holders.move_to_end(key)
+        if len(holders) > self._max:
+            holders.popitem(last=False)
+
+    def _clear(self, key: str, worker_id: str, bit: int) -> None:
+        ws = self._holders.get(key)
+        if ws is None or worker_id not in ws:
+            return
+        left = ws[worker_id] & ~bit
+        if left:
+            ws[worker_id] = left
+        else:
+            del ws[worker_id]
+            if not ws:
+                del self._holders[key]
 
     def drop_worker(self, worker_id: str) -> None:
         for key in [k for k, ws in self._holders.items() if worker_id in ws]:
             ws = self._holders[key]
-            ws.discard(worker_id)
+            del ws[worker_id]
             if not ws:
                 del self._holders[key]
+
+    def tiers(self, key: str) -> dict[str, int]:
+        """Worker -> bits (``DEVICE`` | ``HOST``) for one key (hex), for reports and tests."""
+        return dict(self._holders.get(key, {}))
+
+    def check_integrity(self) -> None:
+        assert len(self._holders) <= self._max, "index above its bound"
+        for key, ws in self._holders.items():
+            assert ws, f"key {key} without holders"
+            assert all(0 < bits <= DEVICE | HOST for bits in ws.values()), f"bad bits on {key}"
 
     def longest(
         self, namespace: str, token_ids: Sequence[int], block_size: int
     ) -> tuple[int, frozenset[str]]:
-        """(blocks, workers): the longest prefix of full blocks some worker holds."""
+        """(blocks, workers): the longest prefix of full blocks some worker holds, in either
+        tier; the workers holding its last block on the device, else those holding it in host
+        memory."""
         n = (len(token_ids) - 1) // block_size  # the engine never reuses the last token's block
         keys = block_keys(root_key(namespace), token_ids, block_size, 0, n)
         holders = self._holders
         for i in range(len(keys) - 1, -1, -1):
             ws = holders.get(keys[i].hex())
             if ws:
-                return i + 1, frozenset(ws)
+                on_device = frozenset(w for w, bits in ws.items() if bits & DEVICE)
+                return i + 1, on_device or frozenset(ws)
         return 0, frozenset()

@@ -34,6 +34,7 @@ from gateway.cluster.placement import (
 
 log = structlog.get_logger(__name__)
 PIN_CONCURRENCY = 4
+PIN_RETRY_S = 2.0  # least time between retries of pins a worker refused
 
 
 def placement_key(namespace: str) -> str:
@@ -62,6 +63,17 @@ class TenantPin:
         """Workers holding the pin among ``live`` ones."""
         return sorted(w for w in self.handles if w in live)
 
+    def tiers(self, live: Mapping[str, object]) -> dict[str, str]:
+        """Where each of the ``live`` holders keeps the pin: "device", or "host" (beyond its
+        device pin cap, in host memory)."""
+        return {w: h.tier for w, (_, h) in sorted(self.handles.items()) if w in live}
+
+    @property
+    def tier(self) -> str | None:
+        """The holders' tier when they agree, "mixed" when not, None when none holds it."""
+        tiers = {h.tier for _, h in self.handles.values()}
+        return tiers.pop() if len(tiers) == 1 else ("mixed" if tiers else None)
+
     # Read like an engine PinHandle by the pin manager's cache report (one replica's view).
     @property
     def block_ids(self) -> tuple[int, ...]:
@@ -80,6 +92,11 @@ class Placer:
         self.last_reconcile_s = 0.0  # how long the latest reconcile took
         self.moves = 0  # pins taken or released by reconciles, in total
         self._sem = asyncio.Semaphore(PIN_CONCURRENCY)
+        # One reconcile at a time (the reconcile loop and ``settle`` calls from concurrent
+        # tenant pins): two would both see a worker missing, pin it twice and keep one handle,
+        # leaking the other's blocks on the worker until the pin cap refuses placed tenants.
+        self._lock = asyncio.Lock()
+        self._retry_at = 0.0  # monotonic time before which rejected pins are not retried
         # Released while their worker was out: (worker, boot, handle), unpinned if it returns.
         self.orphans: list[tuple[str, str, PinHandle]] = []
 
@@ -102,13 +119,26 @@ class Placer:
         ]
         return place(slots, self.demands(rates, len(slots)))
 
+    def retry_due(self, now: float) -> bool:
+        """A pin the placement names was refused by a worker, and PIN_RETRY_S have passed."""
+        if now < self._retry_at or not any(p.rejected for p in self.pins.values()):
+            return False
+        self._retry_at = now + PIN_RETRY_S
+        return True
+
     async def reconcile(self, members: Mapping[str, Member], rates: Mapping[str, float]) -> None:
         """``members``: healthy workers by id."""
+        async with self._lock:
+            await self._reconcile(members, rates)
+
+    async def _reconcile(self, members: Mapping[str, Member], rates: Mapping[str, float]) -> None:
         started = time.monotonic()
         self.placement = plan = self.plan(members, rates)
         unpins, pins = [], []
         for pin in list(self.pins.values()):
             want = set(plan.workers_of(pin.key))
+            for wid in set(pin.rejected) - want:
+                del pin.rejected[wid]  # no longer asked of that worker
             for wid, (boot, _) in list(pin.handles.items()):
                 m = members.get(wid)
                 if m is not None and m.info is not None and m.info.boot_id != boot:
@@ -139,14 +169,18 @@ class Placer:
                 return
         pin.rejected.pop(m.worker_id, None)
         self.moves += 1
-        if self.pins.get(pin.key) is not pin:  # unpinned while pinning: give it back
+        if self.pins.get(pin.key) is not pin or m.worker_id in pin.handles:
+            # unpinned while pinning, or held there already: give it back
             await _quiet_unpin(m, handle)
             return
         pin.handles[m.worker_id] = (boot, handle)
 
     async def _unpin_one(self, pin: TenantPin, m: Member) -> None:
-        _, handle = pin.handles.pop(m.worker_id)
+        held = pin.handles.pop(m.worker_id, None)
+        if held is None:
+            return  # released meanwhile (``release`` unpins it)
         self.moves += 1
+        _, handle = held
         await _quiet_unpin(m, handle)
 
     def _adopt_orphans(self, members: Mapping[str, Member]) -> list[Any]:

@@ -29,13 +29,15 @@ def worker_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def start_workers(model_dir: Path, ids: list[str]) -> list[LocalWorker]:
-    """Start the workers in parallel (each imports torch and loads the model)."""
+def start_workers(
+    model_dir: Path, ids: list[str], env: dict[str, str] | None = None
+) -> list[LocalWorker]:
+    """Start the workers in parallel (each imports torch and loads the model); ``env``: a
+    ``worker_env(...)`` for other settings."""
+    env = worker_env() if env is None else env
     with ThreadPoolExecutor(len(ids)) as pool:
         futures = [
-            pool.submit(
-                LocalWorker.start, str(model_dir), 120, worker_id=w, token=TOKEN, env=worker_env()
-            )
+            pool.submit(LocalWorker.start, str(model_dir), 120, worker_id=w, token=TOKEN, env=env)
             for w in ids
         ]
         return [f.result() for f in futures]
