@@ -41,6 +41,7 @@ from gateway.ratelimit import FailoverLimiter, Limiter, MemoryLimiter, RedisLimi
 from gateway.ratelimit.types import LimiterUnavailable
 from gateway.settings import ModelSettings, Settings
 from gateway.telemetry import GatewayMetrics, make_tracer, make_tracer_provider
+from gateway.telemetry.dbgauge import database_gauge
 from gateway.widget.cors import add_preflight, cors_headers
 from gateway.widget.routes import register_widget
 from tenants.db import make_engine, make_session_factory, within
@@ -191,7 +192,9 @@ def _lifecycle(store: TenantStore, db: AsyncEngine, engine: Any, model_name: str
             app[STATE] = state
             store.bus.subscribe(keys.on_event)
             store.bus.subscribe(pins.on_event)
-            tel.metrics.watch(engine.cache_stats, limiter)
+            tel.metrics.watch(
+                engine.cache_stats, limiter, lambda: database_gauge(store.health, keys.stale_max_s)
+            )
             pins.spawn(pins.pin_all())
             yield
 

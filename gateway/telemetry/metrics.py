@@ -1,7 +1,8 @@
 """Prometheus metrics in a registry owned by one app (never the process-global registry).
 
-Counters and histograms are updated by the chat view; gauges of the engine's KV pool and the
-limiter state are read at scrape time by a collector, so they are never stale.
+Counters and histograms are updated by the chat view; gauges of the engine's KV pool, the
+limiter state and the tenant database's health are read at scrape time by a collector, so they
+are never stale.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.telemetry.dbgauge import DatabaseGauge
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -21,11 +24,19 @@ _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 class _StateCollector(Collector):
     """Scrape-time gauges from ``cache_stats()`` and the limiter's fail-over counters."""
 
-    def __init__(self, cache_stats: Callable[[], Any] | None, limiter: Any) -> None:
+    def __init__(
+        self,
+        cache_stats: Callable[[], Any] | None,
+        limiter: Any,
+        database: Callable[[], DatabaseGauge] | None = None,
+    ) -> None:
         self._cache_stats = cache_stats
         self._limiter = limiter
+        self._database = database
 
     def collect(self) -> Iterator[Any]:
+        if self._database is not None:
+            yield from _database_gauges(self._database())
         if self._cache_stats is not None:
             stats = self._cache_stats()
             blocks = GaugeMetricFamily("kvgate_kv_blocks", "KV cache blocks", labels=["state"])
@@ -55,6 +66,17 @@ class _StateCollector(Collector):
                 "admissions decided in-process while Redis was down",
                 value=float(self._limiter.fallback_decisions),
             )
+
+
+def _database_gauges(db: DatabaseGauge) -> Iterator[Any]:
+    yield GaugeMetricFamily(
+        "kvgate_database_up", "1 while the tenant database answers", value=float(db.up)
+    )
+    yield GaugeMetricFamily(
+        "kvgate_database_serving_stale",
+        "1 while the database is out and known keys are served from last-known-good",
+        value=float(db.serving_stale),
+    )
 
 
 # Host tier and snapshot counters of ``CacheStats``: (series, help, stats field).
@@ -164,11 +186,16 @@ class GatewayMetrics:
             series = self._tenants[tenant_id] = TenantSeries(self, tenant_id)
         return series
 
-    def watch(self, cache_stats: Callable[[], Any] | None, limiter: Any) -> None:
-        """Register the scrape-time collector (once the engine and limiter exist)."""
+    def watch(
+        self,
+        cache_stats: Callable[[], Any] | None,
+        limiter: Any,
+        database: Callable[[], DatabaseGauge] | None = None,
+    ) -> None:
+        """Register the scrape-time collector (once the engine, limiter and key cache exist)."""
         if self._state is not None:
             self.registry.unregister(self._state)
-        self._state = _StateCollector(cache_stats, limiter)
+        self._state = _StateCollector(cache_stats, limiter, database)
         self.registry.register(self._state)
 
     def render(self) -> bytes:

@@ -9,6 +9,7 @@ left nothing behind; after the fault is lifted everything works again.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -74,6 +75,15 @@ async def readyz(gw: LiveGateway) -> tuple[int, dict[str, Any], float]:
         return r.status, await r.json(), time.monotonic() - started
 
 
+async def database_gauges(gw: LiveGateway) -> tuple[str, str]:
+    """(kvgate_database_up, kvgate_database_serving_stale) as the metrics listener shows them."""
+    text = await (await gw.http.get(gw.metrics_url)).text()
+    up = re.search(r"^kvgate_database_up (\S+)$", text, re.M)
+    stale = re.search(r"^kvgate_database_serving_stale (\S+)$", text, re.M)
+    assert up is not None and stale is not None, text
+    return up.group(1), stale.group(1)
+
+
 def assert_unavailable(status: int, body: dict[str, Any]) -> None:
     assert status == 503, (status, body)
     assert body["error"]["type"] == "service_unavailable"
@@ -109,9 +119,11 @@ async def test_known_keys_keep_chatting_through_refused_and_stalled_database(
             assert ready["database"]["reachable"] is False
             assert ready["database"]["serving_last_known_good"] is True
             assert ready["database"]["oldest_cached_read_s"] >= 0.3  # read before the fault
+            assert await database_gauges(gw) == ("0.0", "1.0")
             await proxy.restore()
             status, ready, _ = await readyz(gw)
             assert status == 200 and ready["database"]["status"] == "ok", ready
+            assert await database_gauges(gw) == ("1.0", "0.0")
             assert (await chat(gw, other.key))[0] == 200  # read through again
         status, _ = await admin(gw, "GET", "/tenants/late")
         assert status == 404  # the writes refused during the outages left nothing
