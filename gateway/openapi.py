@@ -284,6 +284,27 @@ def _json_content(name: str) -> dict[str, Any]:
     return {JSON: {"schema": {"$ref": REF.format(model=name)}}}
 
 
+# OpenAPI 3.1 (before 3.2's itemSchema): the schema of an event-stream body describes one event.
+_SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string"},
+        "data": {
+            "type": "string",
+            "description": "a ChatCompletionChunk as JSON, an error object "
+            '(`{"error": {...}}`) when the stream fails after it started, or `[DONE]`',
+        },
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+    "required": ["data"],
+}
+_SSE_DESCRIPTION = (
+    "with stream=true: `data: {ChatCompletionChunk}` events, then `data: [DONE]`; a stream that "
+    'fails after it started ends with `data: {"error": {...}}`, then `data: [DONE]`'
+)
+
+
 def _responses(op: Operation, names: Mapping[type[BaseModel], str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for status, model in op.ok.items():
@@ -294,11 +315,7 @@ def _responses(op: Operation, names: Mapping[type[BaseModel], str]) -> dict[str,
             schema = {"type": "object"} if op.media == JSON else {"type": "string"}
             resp["content"] = {op.media: {"schema": schema}}
         if op.stream and status == 200:
-            resp["content"][SSE] = {
-                "schema": {"type": "string"},
-                "description": "with stream=true: `data: {ChatCompletionChunk}` events, then "
-                "`data: [DONE]`",
-            }
+            resp["content"][SSE] = {"schema": _SSE_EVENT, "description": _SSE_DESCRIPTION}
         if op.stream and status == 200:
             resp["headers"] = {**_REQUEST_ID, **_RATE_HEADERS}
         if op.links and status < 300:
