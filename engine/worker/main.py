@@ -1,7 +1,10 @@
 """Run one engine worker: load the model, serve the internal API until SIGTERM / SIGINT.
 
 ``serve_worker`` prints one line once it listens (``kvgate worker: listening on URL``); a parent
-process that started it reads that line to learn the port. With ``exit_with_stdin`` the worker
+process that started it reads that line to learn the port. With ``unix_path`` it also serves on
+a Unix domain socket there (owner-only), bound before that line: the local worker that
+``kvgate serve`` starts takes its generate streams there, skipping the loopback TCP stack. With
+``exit_with_stdin`` the worker
 also stops when its standard input closes, so a worker started by ``kvgate serve`` never outlives
 the gateway that started it, however that one ended.
 """
@@ -35,7 +38,12 @@ def build_app(
 
 
 async def serve_worker(
-    app: web.Application, host: str, port: int, *, exit_with_stdin: bool = False
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    exit_with_stdin: bool = False,
+    unix_path: str | None = None,
 ) -> None:
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -43,6 +51,12 @@ async def serve_worker(
         site = web.TCPSite(runner, host, port)
         await site.start()
         bound_host, bound_port = runner.addresses[0][:2]
+        if unix_path is not None:
+            old = os.umask(0o177)  # the socket is created owner-only (no window of wider mode)
+            try:
+                await web.UnixSite(runner, unix_path).start()
+            finally:
+                os.umask(old)
         print(f"{READY_PREFIX}http://{bound_host}:{bound_port}", flush=True)
         await _wait_for_stop(exit_with_stdin)
     finally:

@@ -28,7 +28,10 @@ class ClusterUnavailable(RuntimeError):
     """No worker answered within the start-up timeout."""
 
 
-def open_cluster(settings: Settings, model_dir: str | None) -> ClusterEngine:
+def open_cluster(
+    settings: Settings, model_dir: str | None, *, local_unix: bool = True
+) -> ClusterEngine:
+    """``local_unix``: the local worker's generate streams go over a Unix domain socket."""
     cs = settings.cluster
     local: LocalWorker | None = None
     if cs.workers:
@@ -38,7 +41,7 @@ def open_cluster(settings: Settings, model_dir: str | None) -> ClusterEngine:
     else:
         if model_dir is None:
             raise ValueError("no model: set KVGATE_MODEL or pass model_dir")
-        local = LocalWorker.start(model_dir, cs.connect_timeout_s)
+        local = LocalWorker.start(model_dir, cs.connect_timeout_s, unix=local_unix)
         endpoints, token = (local.url,), local.token
     try:
         info, payload = fetch_bootstrap(endpoints, token, cs.connect_timeout_s)
@@ -62,6 +65,7 @@ def open_cluster(settings: Settings, model_dir: str | None) -> ClusterEngine:
         replica_rate=cs.replica_rps,
         load_stats=stats,
         on_close=local.stop if local is not None else None,
+        unix_paths={local.url: local.unix_path} if local is not None and local.unix_path else None,
     )
 
 

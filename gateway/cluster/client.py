@@ -70,12 +70,17 @@ class WorkerLoad:
 
 class WorkerClient:
     def __init__(
-        self, url: str, token: str, session: aiohttp.ClientSession, timeout_s: float = 2.0
+        self,
+        url: str,
+        token: str,
+        session: aiohttp.ClientSession,
+        timeout_s: float = 2.0,
+        unix_path: str | None = None,  # generate streams go there (the local worker)
     ) -> None:
         self.url = url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"}
         self._session = session
-        self._pool = ConnectionPool(self.url)
+        self._pool = ConnectionPool(self.url, unix_path=unix_path)
         self._json_headers = {**self._headers, "Content-Type": "application/json"}
         self._connect_s = timeout_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)

@@ -57,6 +57,7 @@ class ClusterEngine:
         replica_rate: float = 2.0,
         load_stats: LoadStats | None = None,
         on_close: Any = None,
+        unix_paths: dict[str, str] | None = None,  # url -> Unix socket (the local worker)
     ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = info.max_model_len
@@ -68,6 +69,7 @@ class ClusterEngine:
         self._spill_queue_s = spill_queue_s
         self._stats = load_stats or LoadStats(None, "", 10.0)
         self._on_close = on_close  # e.g. stop the local worker process
+        self._unix_paths = dict(unix_paths or {})
         self.members: dict[str, Member] = {}  # by url
         self.placer = Placer(replica_rate)
         self.index = KvIndex()
@@ -157,7 +159,8 @@ class ClusterEngine:
             if url not in self.members:
                 # a busy worker may answer late: only a refused or hung call counts as failed
                 timeout = self._health_timeout
-                client = WorkerClient(url, self._token, self._session, timeout_s=timeout)
+                unix = self._unix_paths.get(url)
+                client = WorkerClient(url, self._token, self._session, timeout, unix)
                 self.members[url] = Member(url, client)
         results = await asyncio.gather(*(self._check(m) for m in self.members.values()))
         rates = await self._stats.refresh()

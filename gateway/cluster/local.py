@@ -3,6 +3,8 @@
 It is ``kvgate worker`` in a child process on a free loopback port, with a fresh random token,
 the parent's environment (so every ``KVGATE_*`` engine setting applies) and its standard input
 on a pipe: when the gateway process ends, however it ends, the pipe closes and the worker stops.
+With ``unix=True`` it also listens on a Unix domain socket in a private temporary directory
+(``unix_path``), where the gateway sends its generate streams.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import asyncio
 import contextlib
 import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -24,10 +28,13 @@ class LocalWorkerError(RuntimeError):
 
 
 class LocalWorker:
-    def __init__(self, proc: subprocess.Popen[bytes], url: str, token: str) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], url: str, token: str, unix_path: str | None = None
+    ) -> None:
         self.proc = proc
         self.url = url
         self.token = token
+        self.unix_path = unix_path
 
     @classmethod
     def start(
@@ -38,6 +45,7 @@ class LocalWorker:
         worker_id: str | None = None,
         token: str | None = None,
         env: dict[str, str] | None = None,
+        unix: bool = False,
     ) -> LocalWorker:
         """Start the worker and wait until it listens (it loads the model first)."""
         token = token or secrets.token_urlsafe(32)
@@ -46,11 +54,19 @@ class LocalWorker:
                "0", "--model", model_dir, "--exit-with-stdin"]  # fmt: skip
         if worker_id is not None:
             cmd += ["--id", worker_id]
+        unix_path = None
+        if unix:
+            unix_path = os.path.join(tempfile.mkdtemp(prefix="kvgate-worker-"), "worker.sock")
+            cmd += ["--unix", unix_path]
         proc = subprocess.Popen(
             cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None
         )
-        url = _read_ready(proc, timeout_s)
-        return cls(proc, url, token)
+        try:
+            url = _read_ready(proc, timeout_s)
+        except LocalWorkerError:
+            _remove_socket_dir(unix_path)
+            raise
+        return cls(proc, url, token, unix_path)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         proc = self.proc
@@ -67,6 +83,12 @@ class LocalWorker:
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
+        _remove_socket_dir(self.unix_path)
+
+
+def _remove_socket_dir(unix_path: str | None) -> None:
+    if unix_path is not None:
+        shutil.rmtree(os.path.dirname(unix_path), ignore_errors=True)
 
 
 def _read_ready(proc: subprocess.Popen[bytes], timeout_s: float) -> str:

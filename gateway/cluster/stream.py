@@ -71,8 +71,11 @@ class _Conn:
 
 
 class ConnectionPool:
-    def __init__(self, url: str, max_idle: int = 64) -> None:
+    """``unix_path``: connect to that Unix domain socket instead (same HTTP, no TCP stack)."""
+
+    def __init__(self, url: str, max_idle: int = 64, unix_path: str | None = None) -> None:
         parts = urlsplit(url)
+        self.unix_path = unix_path
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         self._host_header = parts.netloc
         self._idle: list[_Conn] = []
@@ -105,9 +108,13 @@ class ConnectionPool:
     async def _open(self, timeout_s: float) -> _Conn:
         try:
             async with asyncio.timeout(timeout_s):
-                reader, writer = await asyncio.open_connection(self.host, self.port)
+                if self.unix_path is not None:
+                    reader, writer = await asyncio.open_unix_connection(self.unix_path)
+                else:
+                    reader, writer = await asyncio.open_connection(self.host, self.port)
         except (OSError, TimeoutError) as exc:
-            refused = isinstance(exc, ConnectionRefusedError)
+            # nothing listens: refused (TCP), or the socket file is gone (Unix)
+            refused = isinstance(exc, ConnectionRefusedError | FileNotFoundError)
             raise HttpError(f"connect: {type(exc).__name__}", refused=refused) from None
         return _Conn(reader, writer)
 

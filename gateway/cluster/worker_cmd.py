@@ -24,6 +24,7 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--model", help="model directory (default: KVGATE_MODEL, else the demo model)")
     p.add_argument("--id", help="worker id for placement (default: KVGATE_WORKER_ID, host:port)")
     p.add_argument("--exit-with-stdin", action="store_true", help="stop when stdin closes")
+    p.add_argument("--unix", help="also serve on this Unix domain socket path")
     return p.parse_args(list(argv))
 
 
@@ -47,5 +48,9 @@ def main(argv: Sequence[str]) -> int:
     from engine.worker.main import build_app, serve_worker
 
     app = build_app(model_dir, token, worker_id, **settings.model.engine_overrides())
-    asyncio.run(serve_worker(app, args.host, args.port, exit_with_stdin=args.exit_with_stdin))
+    asyncio.run(
+        serve_worker(
+            app, args.host, args.port, exit_with_stdin=args.exit_with_stdin, unix_path=args.unix
+        )
+    )
     return 0

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 from gateway.cluster.engine import ClusterEngine
 from gateway.cluster.local import LocalWorker
-from tests.cluster.workers import cluster_engine
+from tests.cluster.workers import cluster_engine, start_workers, stop_all
 
 BLOCK = 16
 HEALTH_S = 0.3
@@ -32,12 +33,13 @@ async def pinned_blocks(eng: ClusterEngine) -> dict[str, int]:
     return {w: m.load.stats.blocks_pinned for w, m in eng.healthy().items() if m.load}
 
 
-async def test_pins_converge_to_the_placement_after_a_worker_joins(
-    three_workers: list[LocalWorker],
-) -> None:
-    eng = cluster_engine(three_workers[:2], health_s=HEALTH_S)
-    await eng.start()
+async def test_pins_converge_to_the_placement_after_a_worker_joins(demo_model_dir: Path) -> None:
+    # fresh workers: pins other tests left on the shared ones would eat into the budgets
+    workers: list[LocalWorker] = []
+    workers += await asyncio.to_thread(start_workers, demo_model_dir, ["w0", "w1"])
+    eng = cluster_engine(workers, health_s=HEALTH_S)
     try:
+        await eng.start()
         # 14 tenants x 12 blocks = 168: two workers (budget 64 each) hold 10, three hold all.
         # Pinned concurrently, as tenants activated at once are: their reconciles overlap.
         pins = await asyncio.gather(
@@ -45,7 +47,8 @@ async def test_pins_converge_to_the_placement_after_a_worker_joins(
         )
         assert await settled_within(eng, 20 * HEALTH_S)
         assert sum(1 for p in pins if p.workers(eng.healthy())) == 10
-        eng.set_endpoints([w.url for w in three_workers])
+        workers += await asyncio.to_thread(start_workers, demo_model_dir, ["w2"])
+        eng.set_endpoints([w.url for w in workers])
         deadline = time.monotonic() + 60.0
         while "w2" not in eng.healthy():
             assert time.monotonic() < deadline, "the joining worker was never taken in"
@@ -61,5 +64,5 @@ async def test_pins_converge_to_the_placement_after_a_worker_joins(
             w: eng.placer.placement.used_blocks.get(w, 0) for w in ("w0", "w1", "w2")
         }
     finally:
-        await asyncio.gather(*(eng.unpin(p) for p in list(eng.placer.pins.values())))
         await eng.shutdown()
+        await stop_all(workers)
