@@ -6,10 +6,13 @@ Side by side in one run, interleaved request by request (so machine noise hits b
     gateway   POST /v1/chat/completions on loopback (auth, prompt assembly, rate limit, engine,
               JSON), once with the Redis limiter and once with the in-process limiter
     workers   the same gateway (Redis limiter) with its engine in a worker process, as
-              ``kvgate serve`` runs it (gateway/cluster/ -> engine/worker/ over loopback HTTP)
+              ``kvgate serve`` runs it (gateway/cluster/ -> engine/worker/, generate streams over
+              a Unix domain socket)
+    workers_tcp  the same over loopback TCP (how a remote worker is reached)
 
-``worker_hop`` isolates the worker protocol: ``ClusterEngine.generate`` (no gateway) against the
-in-process engine, and the cost of encoding + decoding one output frame.
+``worker_hop`` isolates the worker protocol: ``ClusterEngine.generate`` (no gateway) over the
+Unix socket and over TCP against the in-process engine, interleaved, and the cost of encoding +
+decoding one output frame.
 
 The client runs on the server's event loop (the direct call has to), so its CPU is charged to the
 gateway. The added latency is measured with a minimal HTTP/1.1 client (``bench/http_client.py``)
@@ -276,6 +279,7 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             ("redis", {"KVGATE_REDIS_URL": redis.url}),
             ("in_process", {}),
             ("workers", {"KVGATE_REDIS_URL": redis.url}),
+            ("workers_tcp", {"KVGATE_REDIS_URL": redis.url}),
         )
         for name, extra in runs:
             db = f"sqlite+aiosqlite:///{tmp}/{name}.db"
@@ -289,7 +293,10 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             }
             # One engine for all: the app that starts it first owns it; the others reuse it.
             settings = Settings.from_env(env)
-            own = _worker_engine(model_dir, settings) if name == "workers" else engine
+            if name.startswith("workers"):
+                own = _worker_engine(model_dir, settings, unix=name == "workers")
+            else:
+                own = engine
             setups[name] = await _start(settings, own)
             async with aiohttp.ClientSession() as http:
                 await _make_tenant(setups[name], http, f"bench-{name.replace('_', '-')}")
@@ -299,7 +306,7 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             redis.url, setups["redis"], model, 20
         )
         results["redis_limiter_alone"] = await _limiter_rtt(redis.url)
-        results["worker_hop"] = await _worker_hop(engine, setups["workers"], args)
+        results["worker_hop"] = await _worker_hop(engine, setups, args)
         return results
     finally:
         for setup in reversed(list(setups.values())):
@@ -307,34 +314,59 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         redis.stop()
 
 
-def _worker_engine(model_dir: Path, settings: Any) -> Any:
-    """A ClusterEngine over one local worker process (the ``kvgate serve`` default)."""
+def _worker_engine(model_dir: Path, settings: Any, *, unix: bool) -> Any:
+    """A ClusterEngine over one local worker process (the ``kvgate serve`` default: ``unix``)."""
     from gateway.cluster.bootstrap import open_cluster
 
     # the worker reads its engine settings from the environment, as `kvgate worker` does
     os.environ.update(KVGATE_DEVICE="cpu", KVGATE_KV_CACHE_BYTES=str(64 << 20))
-    return open_cluster(settings, str(model_dir))
+    return open_cluster(settings, str(model_dir), local_unix=unix)
 
 
-async def _worker_hop(engine: Any, setup: _Setup, args: argparse.Namespace) -> dict[str, float]:
-    """ClusterEngine.generate vs AsyncEngine.generate, interleaved; and the frame codec."""
+async def _worker_hop(
+    engine: Any, setups: dict[str, _Setup], args: argparse.Namespace
+) -> dict[str, Any]:
+    """ClusterEngine.generate (Unix socket, TCP) vs AsyncEngine.generate, interleaved, in
+    ``args.repeats`` repeats (median, min-max over repeats); and the frame codec."""
     from engine import SamplingParams
     from gateway.context import STATE
 
-    cluster = setup.app[STATE].engine
+    setup = setups["workers"]  # its tenant salt and prompt: the same for all three
+    clusters = {"unix": setup.app[STATE].engine, "tcp": setups["workers_tcp"].app[STATE].engine}
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
-    diffs, hops = [], []
-    for _ in range(args.requests * 2):
-        d = await _direct(engine, setup, params)
-        c = await _direct(cluster, setup, params)
-        diffs.append(c - d)
-        hops.append(c)
-    return {
-        "cluster_generate_p50_ms": statistics.median(hops) * 1e3,
-        "added_p50_ms": statistics.median(diffs) * 1e3,
-        "added_p90_ms": statistics.quantiles(diffs, n=10)[-1] * 1e3,
-        "frame_codec_us": _frame_codec_us(),
-    }
+    for c in clusters.values():  # warm-up: pooled connections
+        for _ in range(5):
+            await _direct(c, setup, params)
+    reps: dict[str, list[dict[str, float]]] = {name: [] for name in clusters}
+    for _ in range(args.repeats):
+        diffs: dict[str, list[float]] = {name: [] for name in clusters}
+        hops: dict[str, list[float]] = {name: [] for name in clusters}
+        for _ in range(args.requests):
+            for name, cluster in clusters.items():
+                d = await _direct(engine, setup, params)
+                c = await _direct(cluster, setup, params)
+                diffs[name].append(c - d)
+                hops[name].append(c)
+        for name in clusters:
+            reps[name].append(
+                {
+                    "cluster_generate_p50_ms": statistics.median(hops[name]) * 1e3,
+                    "added_p50_ms": statistics.median(diffs[name]) * 1e3,
+                    "added_p90_ms": statistics.quantiles(diffs[name], n=10)[-1] * 1e3,
+                }
+            )
+    out: dict[str, Any] = {"frame_codec_us": _frame_codec_us()}
+    for name, rs in reps.items():
+        out[name] = {
+            key: {
+                "median": statistics.median(r[key] for r in rs),
+                "min": min(r[key] for r in rs),
+                "max": max(r[key] for r in rs),
+            }
+            for key in rs[0]
+        }
+    out["added_p50_ms"] = out["unix"]["added_p50_ms"]["median"]  # the kvgate serve default
+    return out
 
 
 def _frame_codec_us(n: int = 20000) -> float:
@@ -382,10 +414,12 @@ class _PrivateRedis:
 
 
 def _table(results: dict[str, Any]) -> str:
-    rows = ["| limiter | client | direct p50 ms | gateway p50 ms | added p50 ms (min-max) |"
-            " added p90 ms |"]
+    rows = [
+        "| limiter | client | direct p50 ms | gateway p50 ms | added p50 ms (min-max) |"
+        " added p90 ms |"
+    ]
     rows.append("| --- | --- | --- | --- | --- | --- |")
-    for name in ("redis", "in_process", "workers"):
+    for name in ("redis", "in_process", "workers", "workers_tcp"):
         r = results[name]
         for client, sfx in (("minimal", ""), ("aiohttp", "_aiohttp_client")):
             added = r[f"added_p50_ms{sfx}"]
@@ -429,10 +463,13 @@ def main(argv: Sequence[str]) -> int:
     print(_table(results))
     print(f"Redis commands per request (MONITOR, client side): {per_request}")
     hop = results["worker_hop"]
-    print(
-        f"Worker hop (ClusterEngine vs AsyncEngine): +{hop['added_p50_ms']:.2f} ms p50, "
-        f"+{hop['added_p90_ms']:.2f} ms p90; frame codec {hop['frame_codec_us']:.1f} us"
-    )
+    for name in ("unix", "tcp"):
+        a, a90 = hop[name]["added_p50_ms"], hop[name]["added_p90_ms"]["median"]
+        print(
+            f"Worker hop over {name} (ClusterEngine vs AsyncEngine): +{a['median']:.2f} ms p50"
+            f" ({a['min']:.2f}-{a['max']:.2f}), +{a90:.2f} ms p90"
+        )
+    print(f"frame codec {hop['frame_codec_us']:.1f} us")
     rtt = results["redis_limiter_alone"]
     print(
         f"Redis limiter alone: acquire p50 {rtt['acquire_p50_ms']:.3f} ms, "
