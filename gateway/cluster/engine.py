@@ -343,7 +343,9 @@ class ClusterEngine:
         pin = self.placer.pins.get(key)
         pinned_blocks = pin.blocks if pin is not None else 0
         blocks, holders = self.index.longest(namespace, ids, self.block_size)
-        affinity = holders if blocks > pinned_blocks else frozenset()
+        # a tenant pinned nowhere (no room) goes where its prompt is still cached, if anywhere
+        floor = pinned_blocks if pin is not None and pin.handles else 0
+        affinity = holders if blocks > floor else frozenset()
         placed = self.placer.placement.workers_of(key)
         if pin is not None:  # while a pin moves, its old holders serve until the new one has it
             held = [w for w in placed if w in pin.handles]

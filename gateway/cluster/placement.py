@@ -12,7 +12,7 @@ HRW keeps movement small: a worker that leaves only moves the tenants it held (a
 capacity, the few that the moved ones displace); one that joins only takes tenants for which it
 now scores best. A tenant that fits nowhere is left unplaced (routed by hash, cached by normal
 retention). Heat levels are coarse (log2 of the request rate) so that small rate changes between
-gateways or over time rarely reorder tenants.
+gateways or over time rarely reorder tenants, and tenants under HEAT_FLOOR_RPS are not ranked.
 """
 
 from __future__ import annotations
@@ -71,10 +71,16 @@ def hrw_order(key: str, worker_ids: Iterable[str]) -> list[str]:
     return sorted(worker_ids, key=lambda w: (-hrw_score(key, w), w))
 
 
+# Below this rate a tenant's count in a load window is a few requests: Poisson noise, not a
+# ranking. Cold tenants all share heat 0 (ordered by key, so their placement holds still);
+# ranking them by noise reshuffled who wins scarce pin room at every window and moved pins.
+HEAT_FLOOR_RPS = 0.25
+
+
 def heat_level(rate: float) -> int:
-    """0 for idle tenants, else 1 + floor(log4(requests per second x 16)), at least 1: bands a
-    factor of 4 wide, so that rate noise rarely moves a tenant across a band."""
-    return 0 if rate <= 0 else max(1, 1 + math.floor(math.log(rate * 16, 4)))
+    """0 below HEAT_FLOOR_RPS, else 1 + floor(log4(rate / HEAT_FLOOR_RPS)): bands a factor of 4
+    wide, so that rate noise rarely moves a tenant across a band."""
+    return 0 if rate < HEAT_FLOOR_RPS else 1 + math.floor(math.log(rate / HEAT_FLOOR_RPS, 4))
 
 
 def replicas_for(rate: float, replica_rate: float, num_workers: int) -> int:
