@@ -113,7 +113,8 @@ async def test_shutdown_deadline_ends_long_streams_with_an_error_event(
                 line.decode().strip() async for line in resp.content if line.startswith(b"data: ")
             ]
         await stopping
-        assert time.monotonic() - started < 1.0 + 1.0
+        # The deadline (1 s) plus a margin for a busy machine; the stream itself needs far longer.
+        assert time.monotonic() - started < 1.0 + 2.0
         assert events[-1] == "data: [DONE]"
         error = json.loads(events[-2][6:])["error"]
         assert error["code"] == "server_shutdown" and error["type"] == "service_unavailable"
