@@ -52,9 +52,7 @@ def check_limit(limit: int) -> int:
 
 async def get_tenant(session: AsyncSession, tenant_id: str) -> TenantOut:
     """A tenant in any status, with its keys (revoked ones included)."""
-    tenant = await session.get(Tenant, tenant_id)
-    if tenant is None:
-        raise TenantNotFound(tenant_id)
+    tenant = await _existing_tenant(session, tenant_id)
     keys = (
         await session.scalars(
             select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import Select, select
+from sqlalchemy import ColumnElement, Select, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from tenants.keys import key_matches, key_prefix
@@ -60,38 +60,33 @@ async def authenticate_key(session: AsyncSession, secret: str) -> KeyIdentity | 
     prefix = key_prefix(secret)
     if prefix is None:
         return None
-    row = (
-        await session.execute(
-            select(ApiKey, Tenant.status)
-            .join(Tenant, Tenant.id == ApiKey.tenant_id)
-            .where(ApiKey.prefix == prefix)
-        )
-    ).first()
+    row = await _key_row(session, ApiKey.prefix == prefix)
     if row is None:
         return None
     key, status = row
     # Compare before any other check so the timing does not depend on revocation state.
     if not key_matches(secret, key.secret_sha256):
         return None
-    if key.revoked_at is not None or status == "deleted":
-        return None
-    return _identity(key)
+    return _live_identity(key, status)
 
 
 async def key_identity(session: AsyncSession, key_id: str) -> KeyIdentity | None:
     """A key by its id (e.g. the issuer named by a widget session token), or None when unknown,
     revoked, or its tenant is deleted."""
-    row = (
-        await session.execute(
-            select(ApiKey, Tenant.status)
-            .join(Tenant, Tenant.id == ApiKey.tenant_id)
-            .where(ApiKey.id == key_id)
-        )
-    ).first()
-    if row is None:
-        return None
-    key, status = row
-    if key.revoked_at is not None or status == "deleted":
+    row = await _key_row(session, ApiKey.id == key_id)
+    return None if row is None else _live_identity(*row)
+
+
+async def _key_row(session: AsyncSession, where: ColumnElement[bool]) -> tuple[ApiKey, str] | None:
+    """The one key matching ``where`` with its tenant's status, or None."""
+    stmt = select(ApiKey, Tenant.status).join(Tenant, Tenant.id == ApiKey.tenant_id).where(where)
+    row = (await session.execute(stmt)).first()
+    return None if row is None else (row[0], row[1])
+
+
+def _live_identity(key: ApiKey, tenant_status: str) -> KeyIdentity | None:
+    """The key's identity unless it is revoked or its tenant deleted."""
+    if key.revoked_at is not None or tenant_status == "deleted":
         return None
     return _identity(key)
 
