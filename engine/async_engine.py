@@ -21,7 +21,6 @@ import contextlib
 import queue
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from engine.errors import (
 from engine.kv import CacheListener, CacheStats, PinHandle, PriorityRange
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
+from engine.request import request_id_or_new
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ class AsyncEngine:
         Leaving the loop early (break, cancellation) aborts the request and frees its blocks.
         """
         await self._ensure_running()
-        rid = request_id if request_id is not None else f"req-{uuid.uuid4().hex}"
+        rid = request_id_or_new(request_id)
         if rid in self._streams:
             raise DuplicateRequestId(f"request id {rid!r} is already in flight")
         self._core.check_request(token_ids, params, priorities)

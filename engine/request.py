@@ -15,12 +15,19 @@ decode leaves the token sampled last step. A preempted request goes back to WAIT
 from __future__ import annotations
 
 import enum
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.kv import PriorityRange
 from engine.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprob
 from engine.params import SamplingParams
+
+
+def request_id_or_new(request_id: str | None) -> str:
+    """The caller's request id, else a new one unique across processes (streaming front ends:
+    an async engine or a cluster client, whose ids may meet in one worker)."""
+    return request_id if request_id is not None else f"req-{uuid.uuid4().hex}"
 
 
 class RequestStatus(enum.Enum):

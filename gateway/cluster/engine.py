@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -29,6 +28,7 @@ from engine.errors import EngineClosed, EngineOverloaded, PinRejected
 from engine.kv import CacheStats, PriorityRange
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
+from engine.request import request_id_or_new
 from engine.worker import wire
 from gateway.cluster.client import WorkerClient, WorkerInfo, WorkerUnavailable
 from gateway.cluster.discovery import resolve_workers
@@ -283,7 +283,7 @@ class ClusterEngine:
     ) -> AsyncIterator[RequestOutput]:
         if self._closed:
             raise EngineClosed("the cluster client was shut down")
-        rid = request_id if request_id is not None else f"req-{uuid.uuid4().hex}"
+        rid = request_id_or_new(request_id)
         key = placement_key(namespace)
         self._stats.record(key)
         cost = len(token_ids) + params.max_tokens
