@@ -201,14 +201,7 @@ async def _measure(
         await client.close()
     out: dict[str, Any] = {}
     for name, reps in per_repeat.items():
-        out[name] = {
-            key: {
-                "median": statistics.median(r[key] for r in reps),
-                "min": min(r[key] for r in reps),
-                "max": max(r[key] for r in reps),
-            }
-            for key in reps[0]
-        }
+        out[name] = _spread(reps)
         out[name]["repeats"] = reps
     return out
 
@@ -357,16 +350,21 @@ async def _worker_hop(
             )
     out: dict[str, Any] = {"frame_codec_us": _frame_codec_us()}
     for name, rs in reps.items():
-        out[name] = {
-            key: {
-                "median": statistics.median(r[key] for r in rs),
-                "min": min(r[key] for r in rs),
-                "max": max(r[key] for r in rs),
-            }
-            for key in rs[0]
-        }
+        out[name] = _spread(rs)
     out["added_p50_ms"] = out["unix"]["added_p50_ms"]["median"]  # the kvgate serve default
     return out
+
+
+def _spread(reps: list[dict[str, float]]) -> dict[str, Any]:
+    """Median, min and max over the repeats of each measured key."""
+    return {
+        key: {
+            "median": statistics.median(r[key] for r in reps),
+            "min": min(r[key] for r in reps),
+            "max": max(r[key] for r in reps),
+        }
+        for key in reps[0]
+    }
 
 
 def _frame_codec_us(n: int = 20000) -> float:
