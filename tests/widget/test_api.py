@@ -17,13 +17,17 @@ from tenants.models import Tenant
 from tests.gateway.harness import (
     ADMIN_TOKEN,
     LiveGateway,
-    create_database,
-    drop_database,
     live_gateway,
     make_settings,
-    pg_url,
 )
-from tests.widget.helpers import chat_body, new_session, request, widget_tenant
+from tests.widget.helpers import (
+    chat_body,
+    fresh_gateway,
+    new_session,
+    request,
+    widget_chat,
+    widget_tenant,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -36,13 +40,9 @@ async def gw(
     template_database: str, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[LiveGateway]:
     """One gateway for the module's tests (each uses its own tenants)."""
-    name = await create_database(template_database)
-    try:
-        var = tmp_path_factory.mktemp("widget-api")
-        async with live_gateway(make_settings(pg_url(name), var), demo_model_dir) as live:
-            yield live
-    finally:
-        await drop_database(name)
+    var = tmp_path_factory.mktemp("widget-api")
+    async with fresh_gateway(template_database, demo_model_dir, var) as live:
+        yield live
 
 
 async def test_script_is_served_cacheable_with_etag(gw: LiveGateway) -> None:
@@ -188,55 +188,20 @@ async def test_session_tokens(gw: LiveGateway) -> None:
     assert principal.end_user_id == "visitor-9" and principal.is_widget
     assert principal.runtime.tenant_id == t.id
     chat = chat_body(gw, ("user", "hi"))
-    status, headers, _ = await request(
-        gw,
-        "POST",
-        "/v1/chat/completions",
-        json=chat,
-        Authorization=f"Bearer {token}",
-        Origin=SITE,
-    )
+    status, headers, _ = await widget_chat(gw, token, SITE, chat)
     assert status == 200 and headers["Access-Control-Allow-Origin"] == SITE
-    status, _, body = await request(
-        gw,
-        "POST",
-        "/v1/chat/completions",
-        json=chat,
-        Authorization=f"Bearer {token}",
-        Origin=OTHER,
-    )
+    status, _, body = await widget_chat(gw, token, OTHER, chat)
     assert status == 403 and body["error"]["code"] == "origin_not_allowed"
     # The bare widget key is refused when the tenant requires sessions.
-    status, _, body = await request(
-        gw,
-        "POST",
-        "/v1/chat/completions",
-        json=chat,
-        Authorization=f"Bearer {t.widget_key}",
-        Origin=SITE,
-    )
+    status, _, body = await widget_chat(gw, t.widget_key, SITE, chat)
     assert status == 403 and body["error"]["code"] == "session_required"
     await asyncio.sleep(1.1)
-    status, _, body = await request(
-        gw,
-        "POST",
-        "/v1/chat/completions",
-        json=chat,
-        Authorization=f"Bearer {token}",
-        Origin=SITE,
-    )
+    status, _, body = await widget_chat(gw, token, SITE, chat)
     assert status == 401 and body["error"]["code"] == "session_expired"
     # Rotating the secret revokes every token.
     _, session = await new_session(gw, t.server_key, SITE)
     await gw.admin("POST", f"/tenants/{t.id}/widget/rotate-secret")
-    status, _, body = await request(
-        gw,
-        "POST",
-        "/v1/chat/completions",
-        json=chat,
-        Authorization=f"Bearer {session['token']}",
-        Origin=SITE,
-    )
+    status, _, body = await widget_chat(gw, session["token"], SITE, chat)
     assert status == 401 and body["error"]["code"] == "invalid_session_token"
     audit = await gw.admin("GET", f"/audit?tenant={t.id}")
     actions = {row["action"] for row in audit["data"]}
@@ -279,10 +244,7 @@ async def test_visitor_limits_apply_per_session_end_user(gw: LiveGateway) -> Non
 
     async def ask(user: str) -> tuple[int, str | None]:
         _, session = await new_session(gw, t.server_key, SITE, user=user)
-        bearer = f"Bearer {session['token']}"
-        status, headers, _ = await request(
-            gw, "POST", "/v1/chat/completions", json=chat, Authorization=bearer, Origin=SITE
-        )
+        status, headers, _ = await widget_chat(gw, session["token"], SITE, chat)
         return status, headers.get("x-ratelimit-scope")
 
     assert (await ask("alice"))[0] == 200

@@ -11,15 +11,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.gateway.harness import (
-    LiveGateway,
-    create_database,
-    drop_database,
-    live_gateway,
-    make_settings,
-    pg_url,
-)
-from tests.widget.helpers import chat_body, new_session, request, widget_tenant
+from tests.gateway.harness import LiveGateway
+from tests.widget.helpers import fresh_gateway, new_session, widget_chat, widget_tenant
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -30,25 +23,14 @@ SITE = "https://shop.example"
 async def gw(
     template_database: str, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[LiveGateway]:
-    name = await create_database(template_database)
-    try:
-        var = tmp_path_factory.mktemp("widget-issuer")
-        async with live_gateway(make_settings(pg_url(name), var), demo_model_dir) as live:
-            yield live
-    finally:
-        await drop_database(name)
+    var = tmp_path_factory.mktemp("widget-issuer")
+    async with fresh_gateway(template_database, demo_model_dir, var) as live:
+        yield live
 
 
 async def chat(gw: LiveGateway, token: str) -> tuple[int, str | None, Any]:
     """(status, x-ratelimit-scope, body) of one chat through a session token."""
-    status, headers, body = await request(
-        gw,
-        "POST",
-        "/v1/chat/completions",
-        json=chat_body(gw, ("user", "hi")),
-        Authorization=f"Bearer {token}",
-        Origin=SITE,
-    )
+    status, headers, body = await widget_chat(gw, token, SITE)
     return status, headers.get("x-ratelimit-scope"), body
 
 
