@@ -8,13 +8,17 @@ K/V read changes them.
 from __future__ import annotations
 
 import functools
+import random
 import tempfile
 from pathlib import Path
 
 import torch
 
+from engine import Engine
 from engine.model.demo import TOKENIZER_VOCAB, qwen2_config, random_state_dict, write_model_dir
+from engine.params import SamplingParams
 
+GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 HEAD_DIM = 16
 NUM_LAYERS = 2
 NUM_KV_HEADS = 2
@@ -47,3 +51,23 @@ _KEEP: list[tempfile.TemporaryDirectory[str]] = []
 def kv_bytes(num_blocks: int, block_size: int) -> int:
     """kv_cache_bytes giving exactly ``num_blocks`` blocks of the tiny model (float32)."""
     return num_blocks * 2 * NUM_LAYERS * block_size * NUM_KV_HEADS * HEAD_DIM * 4
+
+
+def prompt(seed: int, n: int = 150) -> list[int]:
+    """``n`` reproducible random token ids (none of the special ids 0..2)."""
+    rng = random.Random(seed)
+    return [rng.randrange(3, 2000) for _ in range(n)]
+
+
+def first_logits(eng: Engine, ids: list[int], namespace: str) -> tuple[torch.Tensor, list[int]]:
+    """Logits of the first sampled token (one scheduled step), then the greedy tokens."""
+    core = eng.core
+    rid = eng.add_request(ids, GREEDY, namespace=namespace)
+    batch = core.scheduler.schedule()
+    core.flush_transfers()
+    _, logits = core.runner.compute_logits(batch)
+    outs = core.scheduler.update(batch, core.runner.execute(batch))
+    while not any(o.finished and o.request_id == rid for o in outs):
+        outs = eng.step()
+    done = next(o for o in outs if o.request_id == rid)
+    return logits[0], list(done.token_ids)

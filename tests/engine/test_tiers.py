@@ -3,17 +3,11 @@ blocks gives the logits (<= 1e-5) and greedy tokens of a fresh computation."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from engine import Engine
-from engine.params import SamplingParams
-from tests.engine._tiny_model import kv_bytes, tiny_model_dir
-
-GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
-PROMPT_LEN = 150
+from tests.engine._tiny_model import GREEDY, first_logits, kv_bytes, prompt, tiny_model_dir
 
 
 def make_engine(num_blocks: int, block_size: int, host_blocks: int = 0, **kw: object) -> Engine:
@@ -26,25 +20,6 @@ def make_engine(num_blocks: int, block_size: int, host_blocks: int = 0, **kw: ob
         dtype="float32",
         **kw,
     )
-
-
-def prompt(seed: int, n: int = PROMPT_LEN) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, 2000) for _ in range(n)]
-
-
-def first_logits(eng: Engine, ids: list[int], namespace: str) -> tuple[torch.Tensor, list[int]]:
-    """Logits of the first sampled token (one scheduled step), then the greedy tokens."""
-    core = eng.core
-    rid = eng.add_request(ids, GREEDY, namespace=namespace)
-    batch = core.scheduler.schedule()
-    core.flush_transfers()
-    _, logits = core.runner.compute_logits(batch)
-    outs = core.scheduler.update(batch, core.runner.execute(batch))
-    while not any(o.finished and o.request_id == rid for o in outs):
-        outs = eng.step()
-    done = next(o for o in outs if o.request_id == rid)
-    return logits[0], list(done.token_ids)
 
 
 def pool_blocks(num_tokens: int, block_size: int) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import random
 import tempfile
 from pathlib import Path
 
@@ -15,10 +14,7 @@ import torch
 
 from engine import Engine
 from engine.model.demo import TOKENIZER_VOCAB, qwen2_config, random_state_dict, write_model_dir
-from engine.params import SamplingParams
-from tests.engine._tiny_model import kv_bytes, tiny_model_dir
-
-GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+from tests.engine._tiny_model import GREEDY, first_logits, kv_bytes, prompt, tiny_model_dir
 
 
 def make_engine(
@@ -35,23 +31,6 @@ def make_engine(
     )
 
 
-def prompt(seed: int, n: int = 150) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, 2000) for _ in range(n)]
-
-
-def logits_and_tokens(eng: Engine, ids: list[int], ns: str) -> tuple[torch.Tensor, list[int]]:
-    core = eng.core
-    rid = eng.add_request(ids, GREEDY, namespace=ns)
-    batch = core.scheduler.schedule()
-    core.flush_transfers()
-    _, logits = core.runner.compute_logits(batch)
-    outs = core.scheduler.update(batch, core.runner.execute(batch))
-    while not any(o.finished and o.request_id == rid for o in outs):
-        outs = eng.step()
-    return logits[0], list(next(o for o in outs if o.request_id == rid).token_ids)
-
-
 def pinned_then_restarted(snap: Path, ns: str, ids: list[int], **kw: object) -> Engine:
     first = make_engine(snap, **kw)
     first.pin_prefix(ns, ids)
@@ -63,7 +42,7 @@ def pinned_then_restarted(snap: Path, ns: str, ids: list[int], **kw: object) -> 
 def test_restart_restores_a_pinned_prompt_from_disk(tmp_path: Path, block_size: int) -> None:
     system = prompt(1)
     fresh = make_engine(None, block_size, enable_prefix_reuse=False)
-    want_logits, want_tokens = logits_and_tokens(fresh, [*system, 7, 8], "t")
+    want_logits, want_tokens = first_logits(fresh, [*system, 7, 8], "t")
 
     eng = pinned_then_restarted(tmp_path, "t", system, block_size=block_size)
     assert [p.name for p in tmp_path.iterdir()] == [eng.core.snapshots.store.path("t").name]
@@ -72,7 +51,7 @@ def test_restart_restores_a_pinned_prompt_from_disk(tmp_path: Path, block_size: 
     assert handle.num_tokens == full
     assert eng.num_model_tokens == 0 and eng.core.snapshots.restored == 1  # nothing computed
     assert eng.cache_stats().snapshot_restores == 1 and eng.cache_stats().snapshot_restore_us > 0
-    got_logits, got_tokens = logits_and_tokens(eng, [*system, 7, 8], "t")
+    got_logits, got_tokens = first_logits(eng, [*system, 7, 8], "t")
     assert got_tokens == want_tokens
     assert torch.allclose(got_logits, want_logits, atol=1e-5, rtol=0)
     eng.check_integrity()
