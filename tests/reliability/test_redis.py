@@ -8,6 +8,7 @@ import asyncio
 import random
 import time
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import aiohttp
@@ -30,6 +31,21 @@ async def chat(gw: LiveGateway, key: str, *, stream: bool = False, max_tokens: i
     async with gw.http.post(url, json=body, headers={"Authorization": f"Bearer {key}"}) as r:
         await r.read()
         return r.status
+
+
+def redis_gateway(
+    database: str, model_dir: Path, var: Path, redis_url: str, *, timeout_s: float
+) -> AbstractAsyncContextManager[LiveGateway]:
+    """A live gateway limiting through ``redis_url``: a command times out after ``timeout_s``,
+    and while failed over Redis is retried every 0.1 s."""
+    settings = make_settings(
+        database,
+        var,
+        KVGATE_REDIS_URL=redis_url,
+        KVGATE_REDIS_TIMEOUT_S=str(timeout_s),
+        KVGATE_REDIS_RETRY_S="0.1",
+    )
+    return live_gateway(settings, model_dir)
 
 
 def limiter(gw: LiveGateway) -> FailoverLimiter:
@@ -69,14 +85,9 @@ async def _load(gw: LiveGateway, key: str, until: float, statuses: list[int]) ->
 async def test_redis_killed_and_restarted_mid_load(
     gateway_database: str, demo_model_dir: Path, tmp_path: Path, private_redis: RedisServer
 ) -> None:
-    settings = make_settings(
-        gateway_database,
-        tmp_path,
-        KVGATE_REDIS_URL=private_redis.url,
-        KVGATE_REDIS_TIMEOUT_S="0.2",
-        KVGATE_REDIS_RETRY_S="0.1",
-    )
-    async with live_gateway(settings, demo_model_dir) as gw:
+    async with redis_gateway(
+        gateway_database, demo_model_dir, tmp_path, private_redis.url, timeout_s=0.2
+    ) as gw:
         busy = await gw.create_tenant("busy", limits={"rpm": 100_000, "max_concurrency": 64})
         statuses: list[int] = []
         t0 = time.monotonic()
@@ -117,14 +128,9 @@ async def _disconnect(gw: LiveGateway, key: str, rng: random.Random, stream: boo
 async def test_disconnect_storm_gives_back_every_lease_and_block(
     gateway_database: str, demo_model_dir: Path, tmp_path: Path, delayed: DelayProxy
 ) -> None:
-    settings = make_settings(
-        gateway_database,
-        tmp_path,
-        KVGATE_REDIS_URL=delayed.url,
-        KVGATE_REDIS_TIMEOUT_S="0.25",
-        KVGATE_REDIS_RETRY_S="0.1",
-    )
-    async with live_gateway(settings, demo_model_dir) as gw:
+    async with redis_gateway(
+        gateway_database, demo_model_dir, tmp_path, delayed.url, timeout_s=0.25
+    ) as gw:
         t = await gw.create_tenant("storm", limits={"max_concurrency": 100, "rpm": 100_000})
         assert await chat(gw, t.key) == 200
         baseline = gw.state.engine.cache_stats().blocks_in_use
