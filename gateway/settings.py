@@ -15,13 +15,14 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tenants.errors import ConfigError
 from tenants.settings import TenantStoreSettings
 
 PREFIX = "KVGATE_"
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+T = TypeVar("T")
 
 
 class SettingsError(ValueError):
@@ -32,16 +33,17 @@ def _str(raw: str) -> str:
     return raw
 
 
-def _opt_str(raw: str) -> str | None:
-    return raw or None
-
-
 def _int(raw: str) -> int:
     return int(raw)
 
 
-def _opt_int(raw: str) -> int | None:
-    return int(raw) if raw else None
+def _optional(parse: Callable[[str], T]) -> Callable[[str], T | None]:
+    """``parse``, with the empty value meaning unset (None)."""
+
+    def parse_optional(raw: str) -> T | None:
+        return parse(raw) if raw else None
+
+    return parse_optional
 
 
 def _port(raw: str) -> int:
@@ -58,13 +60,6 @@ def _positive_float(raw: str) -> float:
     return value
 
 
-def _fraction(raw: str) -> float:
-    value = float(raw)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError("must be in [0, 1]")
-    return value
-
-
 def _float_in(low: float, high: float, *, low_open: bool = False) -> Callable[[str], float]:
     def parse(raw: str) -> float:
         value = float(raw)
@@ -75,13 +70,10 @@ def _float_in(low: float, high: float, *, low_open: bool = False) -> Callable[[s
     return parse
 
 
-def _opt_share(raw: str) -> float | None:
-    if not raw:
-        return None
-    value = float(raw)
-    if not 0.0 < value <= 1.0:
-        raise ValueError("must be in (0, 1]")
-    return value
+_opt_str = _optional(_str)
+_opt_int = _optional(_int)
+_fraction = _float_in(0.0, 1.0)
+_opt_share = _optional(_float_in(0.0, 1.0, low_open=True))
 
 
 def _int_ge1(raw: str) -> int:
@@ -173,7 +165,7 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable("KVGATE_CUDA_GRAPHS", _bool, "1", "CUDA: replay decode steps from CUDA graphs"),
     Variable("KVGATE_MAX_NUM_SEQS", _int, "256", "engine: most running requests"),
-    Variable("KVGATE_DEFAULT_MAX_TOKENS", _int, "256", "max_tokens when a request gives none"),
+    Variable("KVGATE_DEFAULT_MAX_TOKENS", _int_ge1, "256", "max_tokens when a request gives none"),
     # Sampling defaults for requests that leave a parameter out (model-specific values belong
     # here, e.g. the model card's recommended temperature).
     Variable("KVGATE_DEFAULT_TEMPERATURE", _float_in(0.0, 2.0), "1.0", "temperature if unset"),
@@ -360,9 +352,6 @@ class ModelSettings:
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> ModelSettings:
-        default_max = value(src, "KVGATE_DEFAULT_MAX_TOKENS")
-        if default_max < 1:
-            raise SettingsError(f"KVGATE_DEFAULT_MAX_TOKENS: must be >= 1, got {default_max}")
         return cls(
             path=value(src, "KVGATE_MODEL"),
             name=value(src, "KVGATE_MODEL_NAME"),
@@ -376,7 +365,7 @@ class ModelSettings:
             cuda_graphs=value(src, "KVGATE_CUDA_GRAPHS"),
             host_kv_bytes=value(src, "KVGATE_HOST_KV_BYTES"),
             kv_snapshot_dir=_snapshot_dir(src),
-            default_max_tokens=default_max,
+            default_max_tokens=value(src, "KVGATE_DEFAULT_MAX_TOKENS"),
             default_temperature=value(src, "KVGATE_DEFAULT_TEMPERATURE"),
             default_top_p=value(src, "KVGATE_DEFAULT_TOP_P"),
             default_repetition_penalty=value(src, "KVGATE_DEFAULT_REPETITION_PENALTY"),
