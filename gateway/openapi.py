@@ -89,6 +89,11 @@ def _admin(
     return Operation(method, path, op_id, summary, "admin", ADMIN_TOKEN, ok, errs, **kw)
 
 
+def _links(params: Mapping[str, str], *op_ids: str) -> dict[str, Mapping[str, str]]:
+    """OpenAPI links from a success answer to ``op_ids``, each given the same ``params``."""
+    return {op_id: params for op_id in op_ids}
+
+
 OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "post",
@@ -133,14 +138,12 @@ OPERATIONS: tuple[Operation, ...] = (
     _admin(
         "post", f"{ADMIN}/tenants", "createTenant", "create a tenant", {201: ts.TenantOut}, 409,
         body=ts.TenantCreate,
-        links={
-            op: _TENANT_LINK
-            for op in (
-                "getTenant", "patchTenant", "deleteTenant", "setSystemPrompt", "listPrompts",
-                "createKey", "listKeys", "setLimits", "getCache", "getWidget", "setWidget",
-                "rotateWidgetSecret",
-            )
-        },
+        links=_links(
+            _TENANT_LINK,
+            "getTenant", "patchTenant", "deleteTenant", "setSystemPrompt", "listPrompts",
+            "createKey", "listKeys", "setLimits", "getCache", "getWidget", "setWidget",
+            "rotateWidgetSecret",
+        ),
     ),
     _admin(
         "get", f"{ADMIN}/tenants", "listTenants", "list tenants (paginated)",
@@ -165,10 +168,9 @@ OPERATIONS: tuple[Operation, ...] = (
     _admin(
         "put", f"{_T}/system-prompt", "setSystemPrompt", "add a prompt version, made active",
         {200: ts.PromptVersion}, 404, 409, body=ts.PromptSet,
-        links={
-            op: {**_SAME_TENANT, "version": "$response.body#/version"}
-            for op in ("getPrompt", "activatePrompt")
-        },
+        links=_links(
+            {**_SAME_TENANT, "version": "$response.body#/version"}, "getPrompt", "activatePrompt"
+        ),
     ),
     _admin(
         "get", f"{_T}/system-prompts", "listPrompts", "prompt versions, newest first",
@@ -187,10 +189,7 @@ OPERATIONS: tuple[Operation, ...] = (
     _admin(
         "post", f"{_T}/keys", "createKey", "create an API key (the key is returned only here)",
         {201: ts.KeyCreated}, 404, 409, body=ts.KeyCreate,
-        links={
-            op: {**_SAME_TENANT, "key_id": "$response.body#/id"}
-            for op in ("revokeKey", "setKeyLimits")
-        },
+        links=_links({**_SAME_TENANT, "key_id": "$response.body#/id"}, "revokeKey", "setKeyLimits"),
     ),
     _admin(
         "get", f"{_T}/keys", "listKeys", "a tenant's keys with their limits (never the keys)",
@@ -316,7 +315,6 @@ def _responses(op: Operation, names: Mapping[type[BaseModel], str]) -> dict[str,
             resp["content"] = {op.media: {"schema": schema}}
         if op.stream and status == 200:
             resp["content"][SSE] = {"schema": _SSE_EVENT, "description": _SSE_DESCRIPTION}
-        if op.stream and status == 200:
             resp["headers"] = {**_REQUEST_ID, **_RATE_HEADERS}
         if op.links and status < 300:
             resp["links"] = {
