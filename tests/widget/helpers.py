@@ -2,41 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from multidict import CIMultiDict
 
-from tests.gateway.harness import (
-    LiveGateway,
-    TenantHandle,
-    create_database,
-    drop_database,
-    live_gateway,
-    make_settings,
-    pg_url,
-)
+from tests.gateway.harness import LiveGateway, TenantHandle
 
 PROMPT = (
     "You are the helpful assistant of a small shop. Answer questions about orders, shipping, "
     "returns and opening hours politely and briefly."
 )
-
-
-@asynccontextmanager
-async def fresh_gateway(
-    template_database: str, model_dir: Path, var: Path
-) -> AsyncIterator[LiveGateway]:
-    """A live gateway on a database of its own (copied from the template), dropped after."""
-    name = await create_database(template_database)
-    try:
-        async with live_gateway(make_settings(pg_url(name), var), model_dir) as live:
-            yield live
-    finally:
-        await drop_database(name)
 
 
 @dataclass(frozen=True)

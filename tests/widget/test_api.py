@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 from aiohttp.test_utils import make_mocked_request
 from sqlalchemy import select
 
@@ -22,7 +20,6 @@ from tests.gateway.harness import (
 )
 from tests.widget.helpers import (
     chat_body,
-    fresh_gateway,
     new_session,
     request,
     widget_chat,
@@ -33,16 +30,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SITE = "https://shop.example"
 OTHER = "https://evil.example"
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def gw(
-    template_database: str, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[LiveGateway]:
-    """One gateway for the module's tests (each uses its own tenants)."""
-    var = tmp_path_factory.mktemp("widget-api")
-    async with fresh_gateway(template_database, demo_model_dir, var) as live:
-        yield live
 
 
 async def test_script_is_served_cacheable_with_etag(gw: LiveGateway) -> None:

@@ -4,28 +4,16 @@ scope (``kvgate_ratelimit_rejections_total{scope=...}``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from tests.gateway.harness import LiveGateway
-from tests.widget.helpers import fresh_gateway, new_session, widget_chat, widget_tenant
+from tests.widget.helpers import new_session, widget_chat, widget_tenant
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SITE = "https://shop.example"
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def gw(
-    template_database: str, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[LiveGateway]:
-    var = tmp_path_factory.mktemp("widget-issuer")
-    async with fresh_gateway(template_database, demo_model_dir, var) as live:
-        yield live
 
 
 async def chat(gw: LiveGateway, token: str) -> tuple[int, str | None, Any]:
