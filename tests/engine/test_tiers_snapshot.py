@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -118,13 +119,19 @@ def test_mismatched_or_damaged_snapshots_are_recomputed(
 
 def test_other_model_or_block_size_recomputes(tmp_path: Path, caplog) -> None:
     system = prompt(3, 64)
-    first = make_engine(tmp_path)
+    first = make_engine(tmp_path / "first")
     first.pin_prefix("t", system)
     first.core.snapshots.flush()
-    for eng, reason in (
-        (make_engine(tmp_path, model=other_model_dir()), "model differs"),
-        (make_engine(tmp_path, block_size=32), "block_size differs"),
-    ):
+    cases = (
+        ({"model": other_model_dir()}, "model differs"),
+        ({"block_size": 32}, "block_size differs"),
+    )
+    for i, (kw, reason) in enumerate(cases):
+        # Each case reads its own copy of the first engine's snapshot: an engine that recomputes
+        # writes its own snapshot of the prompt, which must not become the next case's input.
+        snap = tmp_path / f"case{i}"
+        shutil.copytree(tmp_path / "first", snap)
+        eng = make_engine(snap, **kw)
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="engine.snapshot"):
             eng.pin_prefix("t", system)
