@@ -254,6 +254,7 @@ class AsyncEngine:
                 for cmd in commands:
                     if cmd is _STOP:
                         self._core.abort_all()
+                        self._stats = self._core.cache.stats()  # what the aborts freed
                         self._refuse_pending(EngineClosed("the engine was shut down"))
                         return
                     items.extend(self._apply(cmd))

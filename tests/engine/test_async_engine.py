@@ -157,6 +157,7 @@ async def test_shutdown_ends_streams_and_refuses_new_work() -> None:
             pass
     await stop
     assert not aeng.is_running
+    assert aeng.cache_stats().blocks_in_use == 0  # the stats show what the shutdown freed
     with pytest.raises(EngineClosed):
         await aeng.generate(PROMPT, greedy(2)).__anext__()
 
