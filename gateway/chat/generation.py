@@ -268,7 +268,8 @@ class ChoiceGroup:
         stops: Sequence[str] = (),
     ) -> None:
         self.tokenizer = tokenizer
-        self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        # One choice is the whole group: its stats are the group's, with no per-token summing.
+        on_update = self._refresh if n > 1 else None
         self.choices = [
             Generation(
                 engine,
@@ -279,10 +280,13 @@ class ChoiceGroup:
                 request_id=request_id if i == 0 else f"{request_id}-{i}",
                 stops=stops,
                 index=i,
-                on_update=self._refresh,
+                on_update=on_update,
             )
             for i in range(n)
         ]
+        self.stats = (
+            GenerationStats(prompt_tokens=len(prompt_ids)) if n > 1 else self.choices[0].stats
+        )
         self.wants_logprobs = params.logprobs is not None
 
     def _refresh(self) -> None:
