@@ -11,6 +11,10 @@ in-flight request's queue (sent with its add command) to address outputs by queu
 request id reused right after its stream was left must not receive the old request's outputs.
 Abort happens between steps, when the thread applies the command. The waiting queue is bounded
 (``max_waiting``): beyond it ``generate`` raises ``EngineOverloaded`` instead of buffering.
+
+A caller that needs no interim outputs (a non-streaming answer: ``interim=False``) is posted only
+its first and its final output; the thread folds the steps between into the final one, so the
+event loop is not woken for them while the next step computes.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import queue
 import threading
 import time
@@ -35,7 +40,7 @@ from engine.errors import (
     RequestAborted,
 )
 from engine.kv import CacheListener, CacheStats, PinHandle, PriorityRange
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, TokenLogprob
 from engine.params import SamplingParams
 from engine.request import request_id_or_new
 
@@ -49,6 +54,7 @@ class _Add:
     priorities: tuple[PriorityRange, ...]
     arrival_time: float
     sink: asyncio.Queue[RequestOutput | BaseException]  # put into on the event loop only
+    interim: bool
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,28 @@ _Sink = asyncio.Queue[RequestOutput | BaseException]
 _Item = tuple[_Sink, RequestOutput | BaseException]
 
 
+class _FirstAndFinal:
+    """``interim=False``: passes the first output, then only the final one, which carries
+    every token (and logprob entry) since the first as its delta."""
+
+    def __init__(self) -> None:
+        self._sent: int | None = None  # tokens delivered with the first output
+        self._logprobs: list[TokenLogprob] = []
+
+    def take(self, out: RequestOutput) -> RequestOutput | None:
+        if self._sent is None:
+            self._sent = len(out.token_ids)
+            return out
+        if not out.finished:
+            self._logprobs.extend(out.new_logprobs or ())
+            return None
+        logprobs = out.new_logprobs
+        if self._logprobs:
+            logprobs = (*self._logprobs, *(logprobs or ()))
+        new = out.token_ids[self._sent :]
+        return dataclasses.replace(out, new_token_ids=new, new_logprobs=logprobs)
+
+
 class AsyncEngine:
     def __init__(self, core: EngineCore) -> None:
         self._core = core
@@ -82,6 +110,7 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, _Sink] = {}  # event loop side: open streams by request id
         self._sinks: dict[str, _Sink] = {}  # engine thread side: queue of each request in flight
+        self._folds: dict[str, _FirstAndFinal] = {}  # engine thread side: interim=False requests
         self._adds_in_flight = 0  # submitted, not yet applied by the thread (under _lock)
         self._lock = threading.Lock()
         self._stats: CacheStats = core.cache.stats()
@@ -166,8 +195,10 @@ class AsyncEngine:
         namespace: str = "default",
         request_id: str | None = None,
         priorities: Sequence[PriorityRange] = (),
+        interim: bool = True,
     ) -> AsyncIterator[RequestOutput]:
-        """Stream outputs (token deltas in ``new_token_ids``) until the final one.
+        """Stream outputs (token deltas in ``new_token_ids``) until the final one; with
+        ``interim=False`` only the first and the final output (whose delta is every token since).
 
         Raises PromptTooLong, EngineOverloaded, DuplicateRequestId, ValueError (token id outside
         the vocabulary, bad priority range) before anything is queued.
@@ -181,7 +212,8 @@ class AsyncEngine:
         self._reserve_waiting_slot()
         q: _Sink = asyncio.Queue()
         self._streams[rid] = q
-        cmd = _Add(rid, tuple(token_ids), params, namespace, tuple(priorities), time.monotonic(), q)
+        arrival = time.monotonic()
+        cmd = _Add(rid, tuple(token_ids), params, namespace, tuple(priorities), arrival, q, interim)
         self._inbox.put(cmd)
         done = False
         try:
@@ -297,6 +329,8 @@ class AsyncEngine:
             except Exception as exc:  # validated on the loop already; report, do not die
                 return [(cmd.sink, exc)]
             self._sinks[cmd.request_id] = cmd.sink
+            if not cmd.interim:
+                self._folds[cmd.request_id] = _FirstAndFinal()
         elif isinstance(cmd, _Abort):
             out = core.abort(cmd.request_id)
             return self._addressed([out]) if out is not None else []
@@ -313,13 +347,17 @@ class AsyncEngine:
 
     def _addressed(self, outputs: list[RequestOutput]) -> list[_Item]:
         """Outputs paired with their request's queue; a finished request's queue is let go."""
-        sinks = self._sinks
+        sinks, folds = self._sinks, self._folds
         items: list[_Item] = []
         for out in outputs:
             rid = out.request_id
             sink = sinks.pop(rid, None) if out.finished else sinks.get(rid)
-            if sink is not None:
-                items.append((sink, out))
+            if sink is None:
+                continue
+            fold = folds.pop(rid, None) if out.finished else folds.get(rid)
+            taken = out if fold is None else fold.take(out)
+            if taken is not None:
+                items.append((sink, taken))
         return items
 
     def _pin_resolver(self, fut: concurrent.futures.Future[PinHandle]) -> Any:

@@ -3,7 +3,7 @@
 Every ``/v1/*`` route requires ``Authorization: Bearer <KVGATE_WORKER_TOKEN>`` (compared in
 constant time); ``/healthz`` answers without it (orchestrator probes) and says nothing else::
 
-    POST /v1/generate   {ids, params, ns, rid, prio?} -> stream of frames (engine/worker/wire.py)
+    POST /v1/generate   {ids, params, ns, rid, prio?, interim?} -> stream of frames (wire.py)
     POST /v1/abort      {rid}
     POST /v1/pin        {ns, ids} -> pin handle            POST /v1/unpin  {handle}
     GET  /v1/info       worker id, geometry, pin budget    GET  /v1/tokenizer  tokenizer payload
@@ -11,7 +11,8 @@ constant time); ``/healthz`` answers without it (orchestrator probes) and says n
     GET  /v1/events     stream of KV event batches (one JSON array per line)
 
 The generate handler waits for the request's first output before sending the response head, so
-a caller that sees no head knows nothing was generated (it may retry elsewhere). Handler
+a caller that sees no head knows nothing was generated (it may retry elsewhere). The head goes out
+with the first frame, and the last frame with the chunked end, each in one write. Handler
 cancellation is on: a caller that goes away cancels the handler, which leaves the engine stream
 and so aborts the request and frees its blocks.
 """
@@ -172,9 +173,12 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         params = wire.params_from_wire(body["params"])
         rid, ns = str(body["rid"]), str(body["ns"])
         prio = wire.priorities_from_wire(body.get("prio", []))
+        interim = body.get("interim", True) is not False  # False: first and final frames only
     except (KeyError, TypeError, ValueError) as exc:
         return _reply({"e": wire.error_to_wire(ValueError(f"bad generate request: {exc}"))}, 400)
-    stream = state.engine.generate(ids, params, namespace=ns, request_id=rid, priorities=prio)
+    stream = state.engine.generate(
+        ids, params, namespace=ns, request_id=rid, priorities=prio, interim=interim
+    )
     state.load.add(rid, len(ids), params.max_tokens)
     try:
         try:
@@ -185,18 +189,16 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         await resp.prepare(request)
         out = first
         data = wire.frame(wire.output_to_wire(out, first=True))
-        while True:
+        while not out.finished:
             state.load.advance(rid, len(out.token_ids))
             await resp.write(data)
-            if out.finished:
-                break
             try:
                 out = await anext(stream)
             except (EngineError, ValueError) as exc:  # the engine stopped under the request
-                await resp.write(wire.frame({"e": wire.error_to_wire(exc)}))
+                data = wire.frame({"e": wire.error_to_wire(exc)})
                 break
             data = wire.frame(wire.output_to_wire(out, first=False))
-        await resp.write_eof()
+        await resp.write_eof(data)  # the last frame and the chunked end in one write
         return resp
     finally:
         state.load.finish(rid)

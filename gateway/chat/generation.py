@@ -106,8 +106,12 @@ class Generation:
         stops: Sequence[str] = (),
         index: int = 0,
         on_update: Callable[[], None] | None = None,
+        interim: bool = True,
     ) -> None:
         self.index = index
+        # False: a non-streaming answer without stop strings needs the first output (admission,
+        # time to first token) and the final one only; the engine skips the steps between.
+        self._interim = interim or bool(stops)
         self._on_update = on_update  # told after every change of ``stats``
         self._engine = engine
         self._tokenizer = tokenizer
@@ -125,12 +129,14 @@ class Generation:
     async def start(self) -> None:
         """Submit and wait for the first output, so admission errors (prompt too long, engine
         overloaded) surface before any response byte is sent."""
+        only_ends = {} if self._interim else {"interim": False}
         self._stream = aiter(
             self._engine.generate(
                 self._prompt_ids,
                 self._params,
                 namespace=self._namespace,
                 request_id=self._request_id,
+                **only_ends,
             )
         )
         self._first = await anext(self._stream)
@@ -266,6 +272,7 @@ class ChoiceGroup:
         namespace: str,
         request_id: str,
         stops: Sequence[str] = (),
+        streamed: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         # One choice is the whole group: its stats are the group's, with no per-token summing.
@@ -281,6 +288,7 @@ class ChoiceGroup:
                 stops=stops,
                 index=i,
                 on_update=on_update,
+                interim=streamed,
             )
             for i in range(n)
         ]

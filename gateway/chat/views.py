@@ -169,6 +169,7 @@ async def _serve(
             namespace=entry.namespace,
             request_id=rid,
             stops=body.stop_strings,
+            streamed=body.stream,
         )
         await gen.start()
         obs.stats = gen.stats  # admitted by the engine: recorded whatever ends the request

@@ -177,9 +177,11 @@ class WorkerClient:
         namespace: str,
         request_id: str,
         priorities: Sequence[PriorityRange] = (),
+        interim: bool = True,
     ) -> AsyncIterator[RequestOutput]:
-        """Outputs as ``AsyncEngine.generate`` yields them. Closing the iterator early closes
-        the connection, which aborts the request on the worker."""
+        """Outputs as ``AsyncEngine.generate`` yields them (``interim=False``: the first and the
+        final only). Closing the iterator early closes the connection, which aborts the request on
+        the worker."""
         body = {
             "ids": list(token_ids),
             "params": wire.params_to_wire(params),
@@ -188,6 +190,8 @@ class WorkerClient:
         }
         if priorities:
             body["prio"] = wire.priorities_to_wire(tuple(priorities))
+        if not interim:
+            body["interim"] = False
         try:
             resp = await self._pool.request(
                 "POST", "/v1/generate", self._json_headers, wire.encode(body), self._connect_s

@@ -280,6 +280,7 @@ class ClusterEngine:
         namespace: str = "default",
         request_id: str | None = None,
         priorities: Sequence[PriorityRange] = (),
+        interim: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         if self._closed:
             raise EngineClosed("the cluster client was shut down")
@@ -293,7 +294,12 @@ class ClusterEngine:
             m = route.member
             stream = aiter(
                 m.client.generate(
-                    token_ids, params, namespace=namespace, request_id=rid, priorities=priorities
+                    token_ids,
+                    params,
+                    namespace=namespace,
+                    request_id=rid,
+                    priorities=priorities,
+                    interim=interim,
                 )
             )
             m.local_tokens += cost

@@ -51,6 +51,14 @@ async def test_generate_matches_the_in_process_engine(
     async with aiohttp.ClientSession() as http:
         client = WorkerClient(three_workers[0].url, TOKEN, http)
         outs = [o async for o in client.generate(prompt, params, namespace="p", request_id="r1")]
+        ends = client.generate(prompt, params, namespace="p2", request_id="r2", interim=False)
+        ends_only = [o async for o in ends]
+    # without interim outputs: two frames, the same tokens and logprob entries
+    assert len(outs) == 6 and len(ends_only) == 2
+    assert ends_only[-1].token_ids == want.token_ids
+    assert ends_only[0].new_token_ids + ends_only[1].new_token_ids == want.token_ids
+    every_entry = [lp for o in outs for lp in o.new_logprobs or ()]
+    assert [lp for o in ends_only for lp in o.new_logprobs or ()] == every_entry
     final = outs[-1]
     assert final.finished and final.finish_reason == want.finish_reason
     assert final.token_ids == want.token_ids

@@ -224,3 +224,27 @@ async def test_pin_sent_as_the_engine_loop_dies_fails_instead_of_waiting_forever
         aeng._fail_all(EngineDead("engine loop stopped"))
         with pytest.raises(EngineDead):
             await asyncio.wait_for(task, 5)
+
+
+async def test_without_interim_outputs_only_the_first_and_the_final_are_posted() -> None:
+    logprobs = SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True, logprobs=2)
+    async with make_async() as aeng:
+        every = [o async for o in aeng.generate(PROMPT, logprobs)]
+        ends = [o async for o in aeng.generate(PROMPT, logprobs, interim=False)]
+        aborted: list[RequestOutput] = []
+        async for out in aeng.generate(PROMPT, greedy(500), request_id="a", interim=False):
+            aborted.append(out)
+            await aeng.abort("a")
+    assert len(every) == 7 and len(ends) == 2
+    first, final = ends
+    assert first.new_token_ids == every[0].new_token_ids and not first.finished
+    assert final.token_ids == every[-1].token_ids and final.finish_reason == "length"
+    # the final delta folds every step after the first, logprob entries with their tokens
+    assert first.new_token_ids + final.new_token_ids == final.token_ids
+    assert final.new_logprobs is not None
+    assert [lp.token_id for lp in final.new_logprobs] == list(final.new_token_ids)
+    want = [lp for o in every[1:] for lp in o.new_logprobs or ()]
+    assert list(final.new_logprobs) == want
+    # an abort is the final output: it still carries the tokens since the first
+    assert len(aborted) == 2 and aborted[-1].finish_reason == "abort"
+    assert aborted[0].new_token_ids + aborted[-1].new_token_ids == aborted[-1].token_ids

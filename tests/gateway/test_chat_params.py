@@ -50,12 +50,17 @@ class Recorder:
 
     def __init__(self, engine: Any) -> None:
         self.calls: list[tuple[list[int], list[int]]] = []
+        self.outputs: list[int] = []  # outputs each request received
+        self.interim: list[bool] = []  # whether each request asked for interim outputs
         self._generate = engine.generate
 
     async def generate(self, token_ids: Sequence[int], params: Any, **kw: Any) -> AsyncIterator:
         out: list[int] = []
         self.calls.append((list(token_ids), out))
+        self.interim.append(kw.get("interim", True))
+        self.outputs.append(0)
         async for item in self._generate(token_ids, params, **kw):
+            self.outputs[-1] += 1
             out += item.new_token_ids
             yield item
 
@@ -315,3 +320,16 @@ async def test_disconnect_aborts_every_choice(
     # (3 x 1000 tokens would take seconds)
     await wait_for(lambda: gw.state.engine.cache_stats().blocks_in_use == 0, timeout=1.0)
     await wait_for(lambda: gw.state.limiter.active_leases(tenant.id) == 0, timeout=1.0)
+
+
+async def test_a_non_streaming_answer_skips_interim_outputs_unless_stops_need_them(
+    gw: LiveGateway, client: openai.AsyncOpenAI, recorder: Recorder
+) -> None:
+    plain = await _create(gw, client, temperature=0, max_tokens=8)
+    streamed = await _create(gw, client, temperature=0, max_tokens=8, stream=True)
+    text = "".join([c.choices[0].delta.content or "" async for c in streamed if c.choices])
+    await _create(gw, client, temperature=0, max_tokens=8, stop=["zzz-never"])
+    assert recorder.interim == [False, True, True]
+    assert recorder.outputs == [2, 8, 8]  # the first and the final output only, when skipped
+    assert plain.choices[0].message.content == text
+    assert plain.usage.completion_tokens == 8 and plain.choices[0].finish_reason == "length"
