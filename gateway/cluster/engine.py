@@ -243,6 +243,8 @@ class ClusterEngine:
         wid = m.worker_id
         try:
             async for batch in m.client.events():
+                # a sign of life while its requests stream nothing (interim=False)
+                m.last_output = time.monotonic()
                 self.index.apply(wid, batch)
         except (WorkerUnavailable, wire.WireError):
             pass  # the health loop notices and takes it out, or resubscribes on recovery

@@ -21,7 +21,7 @@ class Member:
     healthy: bool = False
     failures: int = 0
     refused: bool = False  # the latest failure was a refused connection (nothing listens)
-    last_output: float = 0.0  # time.monotonic() of the latest output streamed from it
+    last_output: float = 0.0  # time.monotonic() of the latest output or KV event batch from it
     load: WorkerLoad | None = None
     local_tokens: int = 0  # outstanding tokens of this gateway's requests on it
     other_tokens: int = 0  # other gateways' share at the last load poll
