@@ -54,7 +54,9 @@ def open_cluster(
         from gateway.ratelimit import make_client
 
         redis = make_client(settings.ratelimit.redis_url, settings.ratelimit.redis_timeout_s)
-    stats = LoadStats(redis, settings.ratelimit.redis_prefix, cs.load_window_s)
+    # a bucket is final once every gateway has flushed into it: a health round or two
+    settle_s = 2 * cs.health_s + 1.0
+    stats = LoadStats(redis, settings.ratelimit.redis_prefix, cs.load_window_s, settle_s=settle_s)
     return ClusterEngine(
         endpoints,
         token,

@@ -7,6 +7,10 @@ Counts go to time buckets of ``window_s`` seconds, each a Redis hash (placement 
 Rates are the mean over the last ``BUCKETS`` *complete* buckets only, so every gateway that has
 flushed reads the same numbers and computes the same replica counts, and a tenant's rate moves
 smoothly (placement follows it without churn). Without Redis the counts stay in-process.
+
+A complete bucket still changes until every gateway has flushed its last counts into it (one
+flush per health round); ``settle_s`` after its end it is final, and its counts, read once more,
+are kept here: a refresh reads only the buckets not yet settled (one or two, not ``BUCKETS``).
 """
 
 from __future__ import annotations
@@ -30,11 +34,14 @@ class LoadStats:
         prefix: str,
         window_s: float,
         clock: Callable[[], float] = time.time,
+        settle_s: float = 3.0,  # > the flush interval of every gateway (their health rounds)
     ) -> None:
         self._redis = redis
         self._prefix = f"{prefix}cluster:load:"
         self._window = window_s
         self._clock = clock
+        self._settle_s = settle_s
+        self._settled: dict[int, Counter[str]] = {}  # final counts of buckets read after settling
         self._pending: Counter[tuple[int, str]] = Counter()
         self._local: dict[int, Counter[str]] = {}  # without Redis: bucket -> counts
         self.rates: dict[str, float] = {}  # requests/s per placement key (complete buckets)
@@ -65,12 +72,15 @@ class LoadStats:
 
     async def _exchange(self, pending: Counter[tuple[int, str]], done: range) -> Counter[str]:
         ttl = max(1, int(self._window * (BUCKETS + 2)))
+        for old in [b for b in self._settled if b < done.start]:
+            del self._settled[old]
+        unread = [b for b in done if b not in self._settled]
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for (bucket, key), n in pending.items():
                     pipe.hincrby(f"{self._prefix}{bucket}", key, n)
                     pipe.expire(f"{self._prefix}{bucket}", ttl)
-                for bucket in done:
+                for bucket in unread:
                     pipe.hgetall(f"{self._prefix}{bucket}")
                 results = await pipe.execute()
         except Exception as exc:  # Redis down: keep the last rates, retry next time
@@ -78,9 +88,17 @@ class LoadStats:
             for item, n in pending.items():
                 self._pending[item] += n
             return Counter({k: round(v * self._window * BUCKETS) for k, v in self.rates.items()})
+        read = results[len(results) - len(unread) :]
+        now = self._clock()
         counts: Counter[str] = Counter()
-        for raw in results[-len(done) :]:
-            counts.update({_text(k): int(v) for k, v in raw.items()})
+        for bucket, raw in zip(unread, read, strict=True):
+            bucket_counts = Counter({_text(k): int(v) for k, v in raw.items()})
+            if now >= (bucket + 1) * self._window + self._settle_s:
+                self._settled[bucket] = bucket_counts
+            counts.update(bucket_counts)
+        for bucket in done:
+            if bucket not in unread:
+                counts.update(self._settled[bucket])
         return counts
 
     async def close(self) -> None:
