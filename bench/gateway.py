@@ -17,7 +17,10 @@ decoding one output frame.
 The client runs on the server's event loop (the direct call has to), so its CPU is charged to the
 gateway. The added latency is measured with a minimal HTTP/1.1 client (``bench/http_client.py``)
 and, in the same interleaved loop, with aiohttp's client, whose request building and response
-parsing add about 0.6 ms of their own (``*_aiohttp_client`` fields).
+parsing add about 0.6 ms of their own (``*_aiohttp_client`` fields), and for a streamed answer
+read to its ``[DONE]`` (``*_stream`` fields, minimal client). The direct call consumes every
+engine output as a streaming caller does; a non-streaming gateway answer asks the engine for its
+first and final outputs only (``interim=False``), a streamed one for every output.
 
 Same tenant, same prompt tokens, same pinned prefix, same greedy output length. The added
 latency is the median of per-pair differences (gateway - direct) in each repeat; reported as
@@ -49,6 +52,8 @@ from aiohttp import web
 from bench.http_client import RawHttpClient
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# request kinds timed against the direct call: (label, suffix of their result fields)
+CLIENTS = (("minimal", ""), ("aiohttp", "_aiohttp_client"), ("minimal, stream", "_stream"))
 SYSTEM = "You are the benchmark assistant of Example Corp. Answer in one short sentence. " * 3
 ADMIN_TOKEN = "bench-admin-token-0123456789"
 
@@ -139,8 +144,12 @@ async def _via_gateway(http: aiohttp.ClientSession, setup: _Setup, body: dict[st
 async def _via_raw(client: RawHttpClient, setup: _Setup, body: dict[str, Any]) -> float:
     async def request() -> None:
         hdrs = {"Authorization": f"Bearer {setup.key}"}
-        status, data = await client.post_json("/v1/chat/completions", body, hdrs)
-        assert status == 200, data
+        if body.get("stream"):
+            status, data = await client.post_stream("/v1/chat/completions", body, hdrs)
+            assert status == 200 and data.endswith(b"data: [DONE]\n\n"), data
+        else:
+            status, data = await client.post_json("/v1/chat/completions", body, hdrs)
+            assert status == 200, data
 
     return await _timed(request)
 
@@ -177,26 +186,32 @@ async def _measure(
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
     body |= {"max_tokens": args.max_tokens, "temperature": 0}
+    stream_body = body | {"stream": True}
     per_repeat: dict[str, list[dict[str, float]]] = {name: [] for name in setups}
     raw = {name: RawHttpClient(*_host_port(setup.url)) for name, setup in setups.items()}
     async with aiohttp.ClientSession() as http:
         for name, setup in setups.items():  # warm-up: connections, script, caches
             for _ in range(5):
                 await _via_raw(raw[name], setup, body)
+                await _via_raw(raw[name], setup, stream_body)
                 await _via_gateway(http, setup, body)
                 await _direct(engine, setup, params)
         for _ in range(args.repeats):
             for name, setup in setups.items():
                 # pairs (direct, gateway): each gateway request follows a direct one
-                direct, gateway, direct2, gateway_aiohttp = [], [], [], []
+                t: dict[str, list[float]] = {k: [] for k in ("d1", "raw", "d2", "aio", "d3", "sse")}
                 for _ in range(args.requests):
-                    direct.append(await _direct(engine, setup, params))
-                    gateway.append(await _via_raw(raw[name], setup, body))
-                    direct2.append(await _direct(engine, setup, params))
-                    gateway_aiohttp.append(await _via_gateway(http, setup, body))
-                aiohttp_pairs = _summary(direct2, gateway_aiohttp, "_aiohttp_client")
-                del aiohttp_pairs["direct_p50_ms"]
-                per_repeat[name].append(_summary(direct, gateway) | aiohttp_pairs)
+                    t["d1"].append(await _direct(engine, setup, params))
+                    t["raw"].append(await _via_raw(raw[name], setup, body))
+                    t["d2"].append(await _direct(engine, setup, params))
+                    t["aio"].append(await _via_gateway(http, setup, body))
+                    t["d3"].append(await _direct(engine, setup, params))
+                    t["sse"].append(await _via_raw(raw[name], setup, stream_body))
+                aiohttp_pairs = _summary(t["d2"], t["aio"], "_aiohttp_client")
+                stream_pairs = _summary(t["d3"], t["sse"], "_stream")
+                del aiohttp_pairs["direct_p50_ms"], stream_pairs["direct_p50_ms"]
+                pairs = _summary(t["d1"], t["raw"]) | aiohttp_pairs | stream_pairs
+                per_repeat[name].append(pairs)
     for client in raw.values():
         await client.close()
     out: dict[str, Any] = {}
@@ -419,7 +434,7 @@ def _table(results: dict[str, Any]) -> str:
     rows.append("| --- | --- | --- | --- | --- | --- |")
     for name in ("redis", "in_process", "workers", "workers_tcp"):
         r = results[name]
-        for client, sfx in (("minimal", ""), ("aiohttp", "_aiohttp_client")):
+        for client, sfx in CLIENTS:
             added = r[f"added_p50_ms{sfx}"]
             rows.append(
                 f"| {name} | {client} | {r['direct_p50_ms']['median']:.2f}"
@@ -440,7 +455,7 @@ def main(argv: Sequence[str]) -> int:
         "repeats": args.repeats,
         "max_tokens": args.max_tokens,
         "client": "on loopback, same event loop as the server, keep-alive: bench/http_client.py"
-        " (added_*), aiohttp's client (added_*_aiohttp_client)",
+        " (added_*; streamed: added_*_stream), aiohttp's client (added_*_aiohttp_client)",
         "between requests": "event loop settled (post-response work timed by neither side)",
         "logging": "level warning (no per-request log line)",
         "threads": os.environ.get("OMP_NUM_THREADS", "default"),

@@ -20,7 +20,8 @@ async def _chunked(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse()
     resp.enable_chunked_encoding()
     await resp.prepare(request)
-    await resp.write(b"{}")
+    await resp.write(b"data: 1\n\n")
+    await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
 
@@ -53,5 +54,21 @@ async def test_chunked_response_is_refused(server: tuple[str, int]) -> None:
     try:
         with pytest.raises(RuntimeError, match="Content-Length"):
             await client.post_json("/chunked", {}, {})
+    finally:
+        await client.close()
+
+
+async def test_reads_a_chunked_stream_to_its_end_and_keeps_the_connection(
+    server: tuple[str, int],
+) -> None:
+    client = RawHttpClient(*server)
+    try:
+        for _ in range(2):
+            status, data = await client.post_stream("/chunked", {}, {})
+            assert (status, data) == (200, b"data: 1\n\ndata: [DONE]\n\n")
+        status, data = await client.post_json("/echo", {"n": 1}, {})
+        assert (status, data) == (200, {"got": {"n": 1}, "auth": None})
+        with pytest.raises(RuntimeError, match="chunked"):
+            await client.post_stream("/echo", {}, {})
     finally:
         await client.close()
