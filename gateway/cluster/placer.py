@@ -7,6 +7,16 @@ workers in line with ``place(...)`` over the healthy workers, in this order::
     forget handles on workers that are gone or restarted (their pins died with them)
     unpin where a tenant is no longer placed (frees budget first)
     pin where a tenant is newly placed (concurrently, a few at a time)
+    warm each tenant placed nowhere whose prompt no live worker was left holding: prefill it
+        once, unpinned, on its rendezvous-first worker (where the router's hash sends it)
+
+Warming uses the pool beyond the pin budget: there the prompts of tenants that lost the
+competition for pin room live under normal retention. Without it a tenant that never had pin
+room misses the cache on its first request, and those are the rarest tenants, whose first
+request comes late (a rare tenant's first sight was the one miss left at 2 workers in bench
+cluster). A tenant that loses its pin keeps its blocks where it was pinned (the router follows
+them through the KV index), so it is not warmed again; a warmed prompt that normal retention
+evicts later is not warmed again either (its next request computes it, as without a cluster).
 """
 
 from __future__ import annotations
@@ -22,12 +32,15 @@ import structlog
 
 from engine.errors import EngineError
 from engine.kv import PinHandle
+from engine.params import SamplingParams
+from engine.request import request_id_or_new
 from gateway.cluster.members import Member
 from gateway.cluster.placement import (
     Placement,
     TenantDemand,
     WorkerSlot,
     heat_level,
+    hrw_order,
     place,
     replicas_for,
 )
@@ -99,6 +112,11 @@ class Placer:
         self._retry_at = 0.0  # monotonic time before which rejected pins are not retried
         # Released while their worker was out: (worker, boot, handle), unpinned if it returns.
         self.orphans: list[tuple[str, str, PinHandle]] = []
+        # Tenant key -> (worker, boot) left holding its prompt unpinned (warmed, or unpinned
+        # there when its placement moved): as long as that worker lives, no warming.
+        self.left_on: dict[str, tuple[str, str]] = {}
+        self.warm_unplaced = True  # off: tenants placed nowhere wait for their first request
+        self.warms = 0  # prompts prefilled unpinned, in total
 
     def demands(self, rates: Mapping[str, float], num_workers: int) -> list[TenantDemand]:
         return [
@@ -153,7 +171,47 @@ class Placer:
         unpins += self._adopt_orphans(members)
         await asyncio.gather(*unpins)  # first: the room they free is what the new pins need
         await asyncio.gather(*pins)
+        await asyncio.gather(*self._warm_jobs(plan, members))
         self.last_reconcile_s = time.monotonic() - started
+
+    def _warm_jobs(self, plan: Placement, members: Mapping[str, Member]) -> list[Any]:
+        """Prefills for tenants placed nowhere whose prompt no live worker holds."""
+        if not self.warm_unplaced:
+            return []
+        live = sorted(w for w, m in members.items() if m.info is not None)
+        jobs = []
+        for key, pin in self.pins.items():
+            if not live or plan.workers_of(key) or pin.workers(members):
+                continue
+            wid, boot = self.left_on.get(key, ("", ""))
+            m = members.get(wid)
+            if m is not None and m.info is not None and m.info.boot_id == boot:
+                continue  # still there, unpinned
+            jobs.append(self._warm_one(pin, members[hrw_order(key, live)[0]]))
+        return jobs
+
+    async def _warm_one(self, pin: TenantPin, m: Member) -> None:
+        assert m.info is not None
+        boot = m.info.boot_id
+        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        async with self._sem:
+            if self.pins.get(pin.key) is not pin:
+                return  # unpinned meanwhile
+            try:
+                stream = m.client.generate(
+                    pin.token_ids,
+                    params,
+                    namespace=pin.namespace,
+                    request_id=request_id_or_new(None),
+                )
+                async for _ in stream:
+                    pass
+            except EngineError as exc:
+                log.info("cluster_warm_failed", tenant=pin.tenant_id, worker=m.worker_id,
+                         error=type(exc).__name__)  # fmt: skip
+                return
+        self.warms += 1
+        self.left_on[pin.key] = (m.worker_id, boot)
 
     async def _pin_one(self, pin: TenantPin, m: Member) -> None:
         assert m.info is not None
@@ -180,7 +238,8 @@ class Placer:
         if held is None:
             return  # released meanwhile (``release`` unpins it)
         self.moves += 1
-        _, handle = held
+        boot, handle = held
+        self.left_on[pin.key] = (m.worker_id, boot)  # its blocks stay there, unpinned
         await _quiet_unpin(m, handle)
 
     def _adopt_orphans(self, members: Mapping[str, Member]) -> list[Any]:
@@ -198,6 +257,7 @@ class Placer:
         """Forget ``pin`` and unpin it everywhere it is pinned."""
         if self.pins.get(pin.key) is pin:
             del self.pins[pin.key]
+            self.left_on.pop(pin.key, None)
         handles, pin.handles = pin.handles, {}
         jobs = []
         for wid, (boot, handle) in handles.items():
