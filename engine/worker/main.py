@@ -22,7 +22,8 @@ from typing import Any
 from aiohttp import web
 
 from engine.worker.events import KvEventHub
-from engine.worker.server import create_worker_app
+from engine.worker.fastpath import GenerateConnections
+from engine.worker.server import WORKER, create_worker_app
 
 READY_PREFIX = "kvgate worker: listening on "
 
@@ -47,19 +48,26 @@ async def serve_worker(
 ) -> None:
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
+    assert runner.server is not None
+    # generate connections on the fast path, every other request handed to aiohttp
+    factory = GenerateConnections(app[WORKER], runner.server)
+    loop = asyncio.get_running_loop()
+    servers: list[asyncio.AbstractServer] = []
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound_host, bound_port = runner.addresses[0][:2]
+        servers.append(await loop.create_server(factory, host, port, reuse_address=True))
+        bound_host, bound_port = servers[0].sockets[0].getsockname()[:2]
         if unix_path is not None:
             old = os.umask(0o177)  # the socket is created owner-only (no window of wider mode)
             try:
-                await web.UnixSite(runner, unix_path).start()
+                servers.append(await loop.create_unix_server(factory, unix_path))
             finally:
                 os.umask(old)
         print(f"{READY_PREFIX}http://{bound_host}:{bound_port}", flush=True)
         await _wait_for_stop(exit_with_stdin)
     finally:
+        for server in servers:
+            server.close()
+        await factory.close()
         await runner.cleanup()
 
 

@@ -10,11 +10,13 @@ constant time); ``/healthz`` answers without it (orchestrator probes) and says n
     GET  /v1/load       cache stats + requests waiting / running, outstanding tokens
     GET  /v1/events     stream of KV event batches (one JSON array per line)
 
-The generate handler waits for the request's first output before sending the response head, so
-a caller that sees no head knows nothing was generated (it may retry elsewhere). The head goes out
-with the first frame, and the last frame with the chunked end, each in one write. Handler
-cancellation is on: a caller that goes away cancels the handler, which leaves the engine stream
-and so aborts the request and frees its blocks.
+A generate call (``serve_generate``) waits for the request's first output before sending the
+response head, so a caller that sees no head knows nothing was generated (it may retry
+elsewhere). The head goes out with the first frame, and the last frame with the chunked end, each
+in one write. A caller that goes away cancels the call, which leaves the engine stream and so
+aborts the request and frees its blocks. Gateways' generate connections are served by
+engine/worker/fastpath.py in front of this aiohttp application; the route here serves generate
+calls on connections aiohttp holds (any other client).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import hmac
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -35,6 +37,7 @@ from engine.worker.events import KvEventHub
 from engine.worker.load import LoadTracker
 
 EVENT_INTERVAL_S = 0.05
+MAX_BODY = 64 << 20  # request bodies (prompts of token ids) up to this many bytes
 NDJSON = "application/x-ndjson"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -55,6 +58,7 @@ class WorkerState:
     info: WorkerInfo
     events: KvEventHub
     load: LoadTracker
+    token: str = field(repr=False, default="")  # what callers present (KVGATE_WORKER_TOKEN)
     background: set[asyncio.Task[Any]] = field(default_factory=set)  # orphan unpins
 
 
@@ -81,7 +85,7 @@ def create_worker_app(
     """``engine``: an AsyncEngine (not started) built with ``events`` as its cache listener."""
     if not token:
         raise ValueError("a worker needs a token (KVGATE_WORKER_TOKEN)")
-    app = web.Application(middlewares=[token_middleware(token)], client_max_size=64 << 20)
+    app = web.Application(middlewares=[token_middleware(token)], client_max_size=MAX_BODY)
     stats = engine.cache_stats()
     info = WorkerInfo(
         worker_id=worker_id,
@@ -91,7 +95,7 @@ def create_worker_app(
         blocks_total=stats.blocks_total,
         pin_budget_blocks=int(stats.blocks_total * engine.config.pin_cap_fraction),
     )
-    app[WORKER] = WorkerState(engine, info, events, LoadTracker())
+    app[WORKER] = WorkerState(engine, info, events, LoadTracker(), token)
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/v1/info", _info)
@@ -165,17 +169,29 @@ async def _load(request: web.Request) -> web.Response:
     return _reply(body)
 
 
-async def _generate(request: web.Request) -> web.StreamResponse:
-    state = request.app[WORKER]
-    body = await _json_body(request)
+class GenerateSink(Protocol):
+    """Where ``serve_generate`` sends its answer (the fast path's connection, or aiohttp)."""
+
+    async def reply(self, status: int, body: bytes) -> None: ...  # one JSON answer
+
+    async def frame(self, data: bytes) -> None: ...  # a stream frame (the first: with the head)
+
+    async def last(self, data: bytes) -> None: ...  # the final frame and the end of the stream
+
+
+async def serve_generate(state: WorkerState, raw: bytes, sink: GenerateSink) -> None:
+    """One generate call: the request's frames, streamed from its first output on."""
     try:
+        body = wire.decode(raw)
         ids = [int(t) for t in body["ids"]]
         params = wire.params_from_wire(body["params"])
         rid, ns = str(body["rid"]), str(body["ns"])
         prio = wire.priorities_from_wire(body.get("prio", []))
         interim = body.get("interim", True) is not False  # False: first and final frames only
-    except (KeyError, TypeError, ValueError) as exc:
-        return _reply({"e": wire.error_to_wire(ValueError(f"bad generate request: {exc}"))}, 400)
+    except (wire.WireError, KeyError, TypeError, ValueError) as exc:
+        bad = ValueError(f"bad generate request: {type(exc).__name__}: {exc}")
+        await sink.reply(400, wire.encode({"e": wire.error_to_wire(bad)}))
+        return
     stream = state.engine.generate(
         ids, params, namespace=ns, request_id=rid, priorities=prio, interim=interim
     )
@@ -184,25 +200,53 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         try:
             first = await anext(stream)
         except (EngineError, ValueError) as exc:
-            return _reply({"e": wire.error_to_wire(exc)})
-        resp = web.StreamResponse(headers={"Content-Type": NDJSON})
-        await resp.prepare(request)
+            await sink.reply(200, wire.encode({"e": wire.error_to_wire(exc)}))
+            return
         out = first
         data = wire.frame(wire.output_to_wire(out, first=True))
         while not out.finished:
             state.load.advance(rid, len(out.token_ids))
-            await resp.write(data)
+            await sink.frame(data)
             try:
                 out = await anext(stream)
             except (EngineError, ValueError) as exc:  # the engine stopped under the request
                 data = wire.frame({"e": wire.error_to_wire(exc)})
                 break
             data = wire.frame(wire.output_to_wire(out, first=False))
-        await resp.write_eof(data)  # the last frame and the chunked end in one write
-        return resp
+        await sink.last(data)
     finally:
         state.load.finish(rid)
         await stream.aclose()  # a stream left early aborts the request
+
+
+class _AiohttpSink:
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self.response: web.StreamResponse | None = None
+
+    async def reply(self, status: int, body: bytes) -> None:
+        self.response = web.Response(body=body, status=status, content_type="application/json")
+
+    async def frame(self, data: bytes) -> None:
+        await (await self._stream()).write(data)
+
+    async def last(self, data: bytes) -> None:
+        await (await self._stream()).write_eof(data)  # the last frame and the end in one write
+
+    async def _stream(self) -> web.StreamResponse:
+        if self.response is None:
+            self.response = web.StreamResponse(headers={"Content-Type": NDJSON})
+            await self.response.prepare(self._request)
+        return self.response
+
+
+async def _generate(request: web.Request) -> web.StreamResponse:
+    """The generate route for connections aiohttp serves (engine/worker/fastpath.py serves
+    the gateways' generate connections)."""
+    sink = _AiohttpSink(request)
+    await serve_generate(request.app[WORKER], await request.read(), sink)
+    assert sink.response is not None, "serve_generate answers every call"
+    return sink.response
 
 
 async def _abort(request: web.Request) -> web.Response:

@@ -221,10 +221,11 @@ class _Decoder:
 
     async def outputs(self, resp: Response) -> AsyncIterator[RequestOutput]:
         parts = aiter(resp.parts())
-        if resp.status != 200:
+        if resp.status != 200 or resp.headers.get("transfer-encoding") != "chunked":
+            # one JSON answer: refused by the engine (200) or a bad request (400)
             payload = await self._read(anext(parts, b""))
             d = wire.decode(payload) if payload else {}
-            if isinstance(d, dict) and "e" in d and resp.status == 400:
+            if isinstance(d, dict) and "e" in d and resp.status in (200, 400):
                 raise wire.error_from_wire(d["e"])
             raise WorkerUnavailable(f"worker answered {resp.status} on /v1/generate")
         buffer = b""
