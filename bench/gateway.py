@@ -9,6 +9,8 @@ Side by side in one run, interleaved request by request (so machine noise hits b
               ``kvgate serve`` runs it (gateway/cluster/ -> engine/worker/, generate streams over
               a Unix domain socket)
     workers_tcp  the same over loopback TCP (how a remote worker is reached)
+    workers_in_process  workers over the Unix socket with the in-process limiter: what the
+              zero-configuration ``kvgate serve`` (no KVGATE_REDIS_URL) runs
 
 ``worker_hop`` isolates the worker protocol: ``ClusterEngine.generate`` (no gateway) over the
 Unix socket and over TCP against the in-process engine, interleaved, and the cost of encoding +
@@ -288,6 +290,7 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             ("in_process", {}),
             ("workers", {"KVGATE_REDIS_URL": redis.url}),
             ("workers_tcp", {"KVGATE_REDIS_URL": redis.url}),
+            ("workers_in_process", {}),
         )
         for name, extra in runs:
             db = f"sqlite+aiosqlite:///{tmp}/{name}.db"
@@ -302,7 +305,7 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             # One engine for all: the app that starts it first owns it; the others reuse it.
             settings = Settings.from_env(env)
             if name.startswith("workers"):
-                own = _worker_engine(model_dir, settings, unix=name == "workers")
+                own = _worker_engine(model_dir, settings, unix=name != "workers_tcp")
             else:
                 own = engine
             setups[name] = await _start(settings, own)
@@ -432,7 +435,7 @@ def _table(results: dict[str, Any]) -> str:
         " added p90 ms |"
     ]
     rows.append("| --- | --- | --- | --- | --- | --- |")
-    for name in ("redis", "in_process", "workers", "workers_tcp"):
+    for name in ("redis", "in_process", "workers", "workers_tcp", "workers_in_process"):
         r = results[name]
         for client, sfx in CLIENTS:
             added = r[f"added_p50_ms{sfx}"]
