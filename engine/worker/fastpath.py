@@ -25,11 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 from collections.abc import Callable
 
 from engine.worker import wire
 from engine.worker.server import MAX_BODY, WorkerState, serve_generate
 
+log = logging.getLogger(__name__)
 MAX_HEAD = 64 << 10
 GENERATE = ("POST", "/v1/generate")
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 411: "Length Required"}
@@ -158,6 +160,9 @@ class GenerateProtocol(asyncio.Protocol):
         try:
             await serve_generate(self._owner.state, body, self)
         except ConnectionError:
+            self.close()
+        except Exception:  # a bug: this call fails, the worker goes on
+            log.exception("generate call failed")
             self.close()
         finally:
             self.task = None
