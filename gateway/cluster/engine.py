@@ -129,6 +129,7 @@ class ClusterEngine:
         for task in [*self._tasks, *self._streams.values()]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self.placer.close()
         for m in self.members.values():
             m.client.close()
         if self._session is not None:

@@ -8,7 +8,9 @@ workers in line with ``place(...)`` over the healthy workers, in this order::
     unpin where a tenant is no longer placed (frees budget first)
     pin where a tenant is newly placed (concurrently, a few at a time)
     warm each tenant placed nowhere whose prompt no live worker was left holding: prefill it
-        once, unpinned, on its rendezvous-first worker (where the router's hash sends it)
+        once, unpinned, on its rendezvous-first worker (where the router's hash sends it), in
+        the background, WARM_CONCURRENCY at a time (a reconcile never waits for prefills: pins
+        that follow a failed worker are not held up by them)
 
 Warming uses the pool beyond the pin budget: there the prompts of tenants that lost the
 competition for pin room live under normal retention. Without it a tenant that never had pin
@@ -34,6 +36,7 @@ from engine.errors import EngineError
 from engine.kv import PinHandle
 from engine.params import SamplingParams
 from engine.request import request_id_or_new
+from engine.worker.wire import WireError
 from gateway.cluster.members import Member
 from gateway.cluster.placement import (
     Placement,
@@ -47,6 +50,7 @@ from gateway.cluster.placement import (
 
 log = structlog.get_logger(__name__)
 PIN_CONCURRENCY = 4
+WARM_CONCURRENCY = 2  # prefills of unplaced tenants in flight, per gateway
 PIN_RETRY_S = 2.0  # least time between retries of pins a worker refused
 
 
@@ -117,6 +121,8 @@ class Placer:
         self.left_on: dict[str, tuple[str, str]] = {}
         self.warm_unplaced = True  # off: tenants placed nowhere wait for their first request
         self.warms = 0  # prompts prefilled unpinned, in total
+        self._warming: dict[str, asyncio.Task[None]] = {}  # tenant key -> prefill in flight
+        self._warm_sem = asyncio.Semaphore(WARM_CONCURRENCY)
 
     def demands(self, rates: Mapping[str, float], num_workers: int) -> list[TenantDemand]:
         return [
@@ -171,30 +177,51 @@ class Placer:
         unpins += self._adopt_orphans(members)
         await asyncio.gather(*unpins)  # first: the room they free is what the new pins need
         await asyncio.gather(*pins)
-        await asyncio.gather(*self._warm_jobs(plan, members))
+        self._start_warming(plan, members)
         self.last_reconcile_s = time.monotonic() - started
 
-    def _warm_jobs(self, plan: Placement, members: Mapping[str, Member]) -> list[Any]:
-        """Prefills for tenants placed nowhere whose prompt no live worker holds."""
+    def _start_warming(self, plan: Placement, members: Mapping[str, Member]) -> None:
+        """Prefills, in the background, of tenants placed nowhere whose prompt no live worker
+        holds (one at a time per tenant)."""
         if not self.warm_unplaced:
-            return []
+            return
         live = sorted(w for w, m in members.items() if m.info is not None)
-        jobs = []
         for key, pin in self.pins.items():
-            if not live or plan.workers_of(key) or pin.workers(members):
+            if not live or key in self._warming or plan.workers_of(key) or pin.workers(members):
                 continue
             wid, boot = self.left_on.get(key, ("", ""))
             m = members.get(wid)
             if m is not None and m.info is not None and m.info.boot_id == boot:
                 continue  # still there, unpinned
-            jobs.append(self._warm_one(pin, members[hrw_order(key, live)[0]]))
-        return jobs
+            task = asyncio.get_running_loop().create_task(
+                self._warm_one(pin, members[hrw_order(key, live)[0]])
+            )
+            self._warming[key] = task
+            task.add_done_callback(lambda done, key=key: self._warm_done(key, done))
+
+    def _warm_done(self, key: str, task: asyncio.Task[None]) -> None:
+        if self._warming.get(key) is task:
+            del self._warming[key]
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("cluster_warm_crashed", exc_info=exc)
+
+    async def warmed(self) -> None:
+        """Wait for the prefills in flight (and those they make way for) to end."""
+        while self._warming:
+            await asyncio.gather(*self._warming.values(), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop the prefills in flight."""
+        tasks = list(self._warming.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _warm_one(self, pin: TenantPin, m: Member) -> None:
         assert m.info is not None
         boot = m.info.boot_id
         params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-        async with self._sem:
+        async with self._warm_sem:
             if self.pins.get(pin.key) is not pin:
                 return  # unpinned meanwhile
             try:
@@ -203,12 +230,14 @@ class Placer:
                     params,
                     namespace=pin.namespace,
                     request_id=request_id_or_new(None),
+                    interim=False,
                 )
                 async for _ in stream:
                     pass
-            except EngineError as exc:
-                log.info("cluster_warm_failed", tenant=pin.tenant_id, worker=m.worker_id,
-                         error=type(exc).__name__)  # fmt: skip
+            except (EngineError, WireError) as exc:  # refused, or the worker went away: its
+                # next request computes the prompt, as without a cluster
+                error, tenant = type(exc).__name__, pin.tenant_id
+                log.info("cluster_warm_failed", tenant=tenant, worker=m.worker_id, error=error)
                 return
         self.warms += 1
         self.left_on[pin.key] = (m.worker_id, boot)

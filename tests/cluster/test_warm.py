@@ -33,9 +33,15 @@ class RecordingWorker:
         del self.pinned[handle.pin_id]
 
     async def generate(
-        self, token_ids: Sequence[int], params: Any, *, namespace: str, request_id: str
+        self,
+        token_ids: Sequence[int],
+        params: Any,
+        *,
+        namespace: str,
+        request_id: str,
+        interim: bool = True,
     ) -> AsyncIterator[None]:
-        assert params.max_tokens == 1
+        assert params.max_tokens == 1 and not interim
         self.prefilled.append(namespace)
         yield None
 
@@ -63,12 +69,14 @@ async def test_an_unplaced_tenant_is_warmed_once_on_its_rendezvous_first_worker(
     placer = Placer(replica_rate=2.0)
     pins = _tenants(placer, 3)
     await placer.reconcile(members, {})
+    await placer.warmed()
     placer.check_integrity()
     (cold,) = [p for p in pins if not placer.placement.workers_of(p.key)]
     assert not cold.handles
     first = hrw_order(cold.key, members)[0]
     assert _prefilled(members) == [(first, cold.namespace)]
     await placer.reconcile(members, {})  # still there: not again
+    await placer.warmed()
     assert _prefilled(members) == [(first, cold.namespace)]
     assert placer.warms == 1
 
@@ -76,6 +84,7 @@ async def test_an_unplaced_tenant_is_warmed_once_on_its_rendezvous_first_worker(
     # where it was pinned (the router follows them there), so it is not prefilled anywhere
     held = {p.key: p.workers(members) for p in pins}
     await placer.reconcile(members, {cold.key: 1.0})
+    await placer.warmed()
     placer.check_integrity()
     assert cold.workers(members) == [first]
     (loser,) = [p for p in pins if not placer.placement.workers_of(p.key)]
@@ -89,10 +98,12 @@ async def test_a_warmed_prompt_is_warmed_again_when_its_worker_leaves_or_restart
     placer = Placer(replica_rate=2.0)
     pins = _tenants(placer, 4)
     await placer.reconcile(members, {})
+    await placer.warmed()
     (cold,) = [p for p in pins if not placer.placement.workers_of(p.key)]
     where = placer.left_on[cold.key][0]
     rest = {w: m for w, m in members.items() if w != where}
     await placer.reconcile(rest, {})  # its holder left: its pins moved, its room went too
+    await placer.warmed()
     placer.check_integrity()
     unplaced = [p for p in pins if not placer.placement.workers_of(p.key)]
     assert cold in unplaced and len(unplaced) == 2
@@ -101,6 +112,7 @@ async def test_a_warmed_prompt_is_warmed_again_when_its_worker_leaves_or_restart
     restarted = _members(["w0", "w1", "w2"], budget=4, boot="b2")
     before = placer.warms
     await placer.reconcile(restarted, {})
+    await placer.warmed()
     unplaced = [p for p in pins if not placer.placement.workers_of(p.key)]
     assert placer.warms == before + len(unplaced) == before + 1
 
@@ -111,4 +123,5 @@ async def test_warming_can_be_turned_off() -> None:
     placer.warm_unplaced = False
     _tenants(placer, 3)
     await placer.reconcile(members, {})
+    await placer.warmed()
     assert _prefilled(members) == [] and placer.warms == 0
