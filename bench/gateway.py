@@ -20,7 +20,11 @@ The client runs on the server's event loop (the direct call has to), so its CPU 
 gateway. The added latency is measured with a minimal HTTP/1.1 client (``bench/http_client.py``)
 and, in the same interleaved loop, with aiohttp's client, whose request building and response
 parsing add about 0.6 ms of their own (``*_aiohttp_client`` fields), and for a streamed answer
-read to its ``[DONE]`` (``*_stream`` fields, minimal client). The direct call consumes every
+read to its ``[DONE]`` (``*_stream`` fields, minimal client). ``*_written`` fields time the
+same requests until the gateway finished writing the response (``_WriteClock``): what a remote
+client waits for. The minimal client on the server's loop waits longer: the handler's clean-up
+after the response (the limiter release, a Redis call whose send wakes redis-server) runs
+before the loop polls the client's socket again. The direct call consumes every
 engine output as a streaming caller does; a non-streaming gateway answer asks the engine for its
 first and final outputs only (``interim=False``), a streamed one for every output.
 
@@ -55,7 +59,13 @@ from bench.http_client import RawHttpClient
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # request kinds timed against the direct call: (label, suffix of their result fields)
-CLIENTS = (("minimal", ""), ("aiohttp", "_aiohttp_client"), ("minimal, stream", "_stream"))
+CLIENTS = (
+    ("minimal", ""),
+    ("minimal, until written", "_written"),
+    ("aiohttp", "_aiohttp_client"),
+    ("minimal, stream", "_stream"),
+    ("minimal, stream, until written", "_stream_written"),
+)
 SYSTEM = "You are the benchmark assistant of Example Corp. Answer in one short sentence. " * 3
 ADMIN_TOKEN = "bench-admin-token-0123456789"
 
@@ -115,14 +125,42 @@ async def _make_tenant(setup: _Setup, http: aiohttp.ClientSession, tenant_id: st
     )
 
 
+class _WriteClock:
+    """``perf_counter()`` when the gateway last finished writing a response to its socket: when
+    a remote client has the bytes. The bench's own client, on the server's event loop, reads
+    them only after the handler's clean-up (limiter release: a Redis call) has yielded, since
+    the loop polls sockets between steps; a remote client never waits for that."""
+
+    last = 0.0
+
+    @classmethod
+    def install(cls) -> Callable[[], None]:
+        """Wrap ``StreamResponse.write_eof`` (web.Response's calls it); returns the undo."""
+        original = web.StreamResponse.write_eof
+
+        async def write_eof(resp: web.StreamResponse, data: bytes = b"") -> None:
+            await original(resp, data)
+            cls.last = time.perf_counter()
+
+        web.StreamResponse.write_eof = write_eof  # type: ignore[method-assign]
+        return lambda: setattr(web.StreamResponse, "write_eof", original)
+
+
 async def _timed(request: Callable[[], Awaitable[None]]) -> float:
     """Seconds ``request()`` takes; then the event loop settles (see ``_settle``)."""
+    return (await _timed_written(request))[0]
+
+
+async def _timed_written(request: Callable[[], Awaitable[None]]) -> tuple[float, float]:
+    """Seconds until ``request()`` returned and until its response was written (see
+    ``_WriteClock``); then the event loop settles (see ``_settle``)."""
     tasks = len(asyncio.all_tasks())
     t0 = time.perf_counter()
     await request()
     elapsed = time.perf_counter() - t0
+    written = _WriteClock.last - t0
     await _settle(tasks)
-    return elapsed
+    return elapsed, written
 
 
 async def _direct(engine: Any, setup: _Setup, params: Any) -> float:
@@ -143,7 +181,11 @@ async def _via_gateway(http: aiohttp.ClientSession, setup: _Setup, body: dict[st
     return await _timed(request)
 
 
-async def _via_raw(client: RawHttpClient, setup: _Setup, body: dict[str, Any]) -> float:
+async def _via_raw(
+    client: RawHttpClient, setup: _Setup, body: dict[str, Any]
+) -> tuple[float, float]:
+    """Seconds until the client had the answer, and until the gateway had written it."""
+
     async def request() -> None:
         hdrs = {"Authorization": f"Bearer {setup.key}"}
         if body.get("stream"):
@@ -153,7 +195,7 @@ async def _via_raw(client: RawHttpClient, setup: _Setup, body: dict[str, Any]) -
             status, data = await client.post_json("/v1/chat/completions", body, hdrs)
             assert status == 200, data
 
-    return await _timed(request)
+    return await _timed_written(request)
 
 
 async def _settle(tasks: int, limit_s: float = 0.5) -> None:
@@ -170,10 +212,26 @@ def _host_port(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
+# timed lists per repeat: directs (d*), gateway via the minimal client (raw, sse: streamed; *_w:
+# until written), via aiohttp's client (aio); PAIRED: (direct, gateway, result field suffix)
+KINDS = ("d1", "raw", "raw_w", "d2", "aio", "d3", "sse", "sse_w")
+PAIRED = (
+    ("d1", "raw_w", "_written"),
+    ("d2", "aio", "_aiohttp_client"),
+    ("d3", "sse", "_stream"),
+    ("d3", "sse_w", "_stream_written"),
+)
+
+
+def _add(t: dict[str, list[float]], kind: str, timed: tuple[float, float]) -> None:
+    t[kind].append(timed[0])
+    t[f"{kind}_w"].append(timed[1])
+
+
 def _summary(direct: list[float], gateway: list[float], suffix: str = "") -> dict[str, float]:
     diffs = [g - d for g, d in zip(gateway, direct, strict=True)]
-    return {
-        "direct_p50_ms": statistics.median(direct) * 1e3,
+    out = {} if suffix else {"direct_p50_ms": statistics.median(direct) * 1e3}
+    return out | {
         f"gateway_p50_ms{suffix}": statistics.median(gateway) * 1e3,
         f"added_p50_ms{suffix}": statistics.median(diffs) * 1e3,
         f"added_p90_ms{suffix}": statistics.quantiles(diffs, n=10)[-1] * 1e3,
@@ -201,18 +259,17 @@ async def _measure(
         for _ in range(args.repeats):
             for name, setup in setups.items():
                 # pairs (direct, gateway): each gateway request follows a direct one
-                t: dict[str, list[float]] = {k: [] for k in ("d1", "raw", "d2", "aio", "d3", "sse")}
+                t: dict[str, list[float]] = {k: [] for k in KINDS}
                 for _ in range(args.requests):
                     t["d1"].append(await _direct(engine, setup, params))
-                    t["raw"].append(await _via_raw(raw[name], setup, body))
+                    _add(t, "raw", await _via_raw(raw[name], setup, body))
                     t["d2"].append(await _direct(engine, setup, params))
                     t["aio"].append(await _via_gateway(http, setup, body))
                     t["d3"].append(await _direct(engine, setup, params))
-                    t["sse"].append(await _via_raw(raw[name], setup, stream_body))
-                aiohttp_pairs = _summary(t["d2"], t["aio"], "_aiohttp_client")
-                stream_pairs = _summary(t["d3"], t["sse"], "_stream")
-                del aiohttp_pairs["direct_p50_ms"], stream_pairs["direct_p50_ms"]
-                pairs = _summary(t["d1"], t["raw"]) | aiohttp_pairs | stream_pairs
+                    _add(t, "sse", await _via_raw(raw[name], setup, stream_body))
+                pairs = _summary(t["d1"], t["raw"])
+                for direct, kind, suffix in PAIRED:
+                    pairs |= _summary(t[direct], t[kind], suffix)
                 per_repeat[name].append(pairs)
     for client in raw.values():
         await client.close()
@@ -312,7 +369,11 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             async with aiohttp.ClientSession() as http:
                 await _make_tenant(setups[name], http, f"bench-{name.replace('_', '-')}")
         model = model_dir.resolve().name
-        results = await _measure(engine, setups, args, model)
+        undo = _WriteClock.install()
+        try:
+            results = await _measure(engine, setups, args, model)
+        finally:
+            undo()
         results["redis_round_trips"] = await _count_redis_commands(
             redis.url, setups["redis"], model, 20
         )
