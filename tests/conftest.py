@@ -8,9 +8,13 @@ never go green there.
 from __future__ import annotations
 
 import os
+import secrets
 from typing import NoReturn
 
 import pytest
+import redis.asyncio as aioredis
+
+SHARED_REDIS_URL = "redis://127.0.0.1:6379/0"  # the machine's Redis: own key prefixes only
 
 
 def in_ci() -> bool:
@@ -23,3 +27,16 @@ def service_unavailable(service: str, exc: BaseException) -> NoReturn:
     if in_ci():
         pytest.fail(f"{message} (CI=true: a missing service fails the run)", pytrace=False)
     pytest.skip(message)
+
+
+@pytest.fixture
+async def redis_channel() -> str:
+    """A fresh tenant-event channel name on the machine's Redis (which must answer)."""
+    client = aioredis.from_url(SHARED_REDIS_URL)
+    try:
+        await client.ping()
+    except OSError as exc:
+        service_unavailable("Redis at 127.0.0.1:6379", exc)
+    finally:
+        await client.aclose()
+    return f"kvgate-test-{secrets.token_hex(6)}:tenants"

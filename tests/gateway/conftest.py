@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from tests.conftest import SHARED_REDIS_URL
 from tests.gateway.redis_server import RedisServer
-
-SHARED_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 @pytest.fixture

@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import secrets
 import time
 from typing import cast
 
-import pytest
 import redis.asyncio as aioredis
 from aiohttp.test_utils import make_mocked_request
 
@@ -29,9 +27,8 @@ from tenants.events import EventBus, RedisEventBridge, TenantChanged
 from tenants.runtime import KeyIdentity, TenantRuntime, WidgetPolicy
 from tenants.settings import Limits
 from tenants.store import TenantStore
-from tests.conftest import service_unavailable
+from tests.conftest import SHARED_REDIS_URL
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 SITE = "https://shop.example"
 SECRET = "s" * 64
 
@@ -274,18 +271,6 @@ async def test_deleted_tenant_is_dropped() -> None:
     assert (await auth(cache, "sk-beta-1")).identity.key_id == "key_b1"
 
 
-@pytest.fixture
-async def redis_channel() -> str:
-    client = aioredis.from_url(REDIS_URL)
-    try:
-        await client.ping()
-    except OSError as exc:
-        service_unavailable("Redis at 127.0.0.1:6379", exc)
-    finally:
-        await client.aclose()
-    return f"kvgate-test-{secrets.token_hex(6)}:tenants"
-
-
 async def test_exact_events_act_across_the_redis_bridge(redis_channel: str) -> None:
     """Replica B's cache, during an outage, acts on events published on replica A (and on an
     old-format payload sent straight to the channel) exactly as on its own."""
@@ -298,10 +283,11 @@ async def test_exact_events_act_across_the_redis_bridge(redis_channel: str) -> N
         seen.append(event)
 
     bus_b.subscribe(record)
-    bridges = [RedisEventBridge.from_url(b, REDIS_URL, redis_channel) for b in (bus_a, bus_b)]
+    url = SHARED_REDIS_URL
+    bridges = [RedisEventBridge.from_url(b, url, redis_channel) for b in (bus_a, bus_b)]
     for bridge in bridges:
         await bridge.start()
-    raw = aioredis.from_url(REDIS_URL)
+    raw = aioredis.from_url(SHARED_REDIS_URL)
     try:
         await warm_then_outage(cache, store, clock)
         revoke = TenantChanged("acme", "keys", key_id="key_a1", key_change="revoked")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from gateway.cluster.loadstats import BUCKETS, LoadStats
-from tests.gateway.conftest import SHARED_REDIS_URL
+from tests.conftest import SHARED_REDIS_URL
 
 
 class Clock:

@@ -19,7 +19,7 @@ from gateway.ratelimit import (
     make_client,
 )
 from gateway.ratelimit.types import format_duration
-from tests.gateway.conftest import SHARED_REDIS_URL
+from tests.conftest import SHARED_REDIS_URL
 
 
 @pytest.fixture(params=["memory", "redis"])

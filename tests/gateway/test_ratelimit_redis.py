@@ -20,7 +20,7 @@ from gateway.ratelimit import (
     make_client,
 )
 from gateway.ratelimit.types import LimiterUnavailable
-from tests.gateway.conftest import SHARED_REDIS_URL
+from tests.conftest import SHARED_REDIS_URL
 from tests.gateway.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]

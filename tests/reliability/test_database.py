@@ -34,15 +34,16 @@ MARGIN_S = 0.5  # scheduling slack on a loaded machine
 
 @asynccontextmanager
 async def gateway_behind_proxy(
-    database_url: str, model_dir: Path, tmp_path: Path
+    database_url: str, model_dir: Path, tmp_path: Path, *, retry_s: float = 0.5
 ) -> AsyncIterator[tuple[LiveGateway, FaultProxy]]:
+    """``retry_s``: one database trial per that many seconds while it is down."""
     async with fault_proxy() as proxy:
         url = database_url.replace(":5432/", f":{proxy.port}/")
         settings = make_settings(
             url,
             tmp_path,
             KVGATE_DB_TIMEOUT_S=str(DB_TIMEOUT_S),
-            KVGATE_DB_RETRY_S="0.5",
+            KVGATE_DB_RETRY_S=str(retry_s),
             KVGATE_KEY_CACHE_TTL_S="0.2",  # outages below outlast it many times over
         )
         async with live_gateway(settings, model_dir) as gw:

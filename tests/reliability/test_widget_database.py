@@ -10,36 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.gateway.harness import ADMIN_TOKEN, LiveGateway, live_gateway, make_settings
-from tests.reliability._proxy import FaultProxy, fault_proxy
-from tests.reliability.test_database import DB_TIMEOUT_S, MARGIN_S, assert_unavailable, readyz
+from tests.gateway.harness import ADMIN_TOKEN
+from tests.reliability.test_database import (
+    DB_TIMEOUT_S,
+    MARGIN_S,
+    assert_unavailable,
+    gateway_behind_proxy,
+    readyz,
+)
 from tests.widget.helpers import chat_body, new_session, request, widget_tenant
 
 SITE = "https://shop.example"
-
-
-@asynccontextmanager
-async def gateway_behind_proxy(
-    database_url: str, model_dir: Path, tmp_path: Path
-) -> AsyncIterator[tuple[LiveGateway, FaultProxy]]:
-    """As tests/reliability/test_database.py's, with one database trial per 5 s while it is
-    down: every call after the first trial must fail at once, however loaded the machine."""
-    async with fault_proxy() as proxy:
-        url = database_url.replace(":5432/", f":{proxy.port}/")
-        settings = make_settings(
-            url,
-            tmp_path,
-            KVGATE_DB_TIMEOUT_S=str(DB_TIMEOUT_S),
-            KVGATE_DB_RETRY_S="5",
-            KVGATE_KEY_CACHE_TTL_S="0.2",
-        )
-        async with live_gateway(settings, model_dir) as gw:
-            yield gw, proxy
 
 
 async def chat(gw: Any, bearer: str, origin: str | None = SITE) -> tuple[int, Any]:
@@ -61,7 +45,10 @@ async def timed(call: Any) -> tuple[int, Any, float]:
 async def test_widget_writes_refused_quickly_and_tokens_keep_working_in_a_stall(
     gateway_database: str, demo_model_dir: Path, tmp_path: Path
 ) -> None:
-    async with gateway_behind_proxy(gateway_database, demo_model_dir, tmp_path) as (gw, proxy):
+    # one database trial per 5 s while it is down: every call after the first trial must fail
+    # at once, however loaded the machine
+    behind = gateway_behind_proxy(gateway_database, demo_model_dir, tmp_path, retry_s=5.0)
+    async with behind as (gw, proxy):
         t = await widget_tenant(gw, "wdb", [SITE])
         other = await gw.admin("POST", f"/tenants/{t.id}/keys", {"kind": "server"})
         await gw.admin("PUT", f"/tenants/{t.id}/widget", {"title": "Before"})

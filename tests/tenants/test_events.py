@@ -10,10 +10,8 @@ import redis.asyncio as aioredis
 from tenants.events import EventBus, RedisEventBridge, TenantChanged
 from tenants.schemas import KeyCreate, LimitsIn, TenantPatch
 from tenants.store import TenantStore
-from tests.conftest import service_unavailable
+from tests.conftest import SHARED_REDIS_URL
 from tests.tenants.factories import make_tenant
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 async def test_bus_order_isolation_and_unsubscribe() -> None:
@@ -76,18 +74,6 @@ async def test_store_emits_after_commit(store: TenantStore) -> None:
     assert len(seen) == 7
 
 
-@pytest.fixture
-async def redis_channel() -> str:
-    client = aioredis.from_url(REDIS_URL)
-    try:
-        await client.ping()
-    except OSError as exc:
-        service_unavailable("Redis at 127.0.0.1:6379", exc)
-    finally:
-        await client.aclose()
-    return f"kvgate-test-{secrets.token_hex(6)}:tenants"
-
-
 async def _wait_for(items: list[TenantChanged], n: int) -> None:
     for _ in range(200):
         if len(items) >= n:
@@ -105,7 +91,7 @@ async def test_redis_bridge_between_replicas(redis_channel: str) -> None:
             sink.append(e)
 
         bus.subscribe(listen)
-    bridges = [RedisEventBridge.from_url(b, REDIS_URL, redis_channel) for b in buses]
+    bridges = [RedisEventBridge.from_url(b, SHARED_REDIS_URL, redis_channel) for b in buses]
     for bridge in bridges:
         await bridge.start()
     try:
@@ -114,7 +100,7 @@ async def test_redis_bridge_between_replicas(redis_channel: str) -> None:
         await buses[1].publish(TenantChanged("acme", "keys"))
         await _wait_for(received[0], 2)
         # A malformed message on the channel is ignored, later ones still arrive.
-        raw = aioredis.from_url(REDIS_URL)
+        raw = aioredis.from_url(SHARED_REDIS_URL)
         await raw.publish(redis_channel, b"{not json")
         await raw.aclose()
         await buses[0].publish(TenantChanged("beta", "deleted"))
@@ -146,13 +132,13 @@ async def test_redis_bridge_resubscribes_after_connection_loss(redis_channel: st
     bus.subscribe(listen)
     bridge = RedisEventBridge(
         bus,
-        aioredis.from_url(REDIS_URL, client_name=name),
+        aioredis.from_url(SHARED_REDIS_URL, client_name=name),
         redis_channel,
         on_resync=on_resync,
         retry_s=0.02,
     )
-    sender = RedisEventBridge.from_url(EventBus(), REDIS_URL, redis_channel)
-    admin = aioredis.from_url(REDIS_URL)
+    sender = RedisEventBridge.from_url(EventBus(), SHARED_REDIS_URL, redis_channel)
+    admin = aioredis.from_url(SHARED_REDIS_URL)
     await bridge.start()
     await sender.start()
     try:
