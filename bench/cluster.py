@@ -140,18 +140,11 @@ async def _wait_settled(
 
 
 def start_workers(model_dir: Path, ids: list[str]) -> list[Any]:
-    from concurrent.futures import ThreadPoolExecutor
-
     from gateway.cluster.local import LocalWorker
 
     # one compute thread per worker: several workers share this machine's two cores
     env = {**os.environ, "KVGATE_LOG_LEVEL": "warning", "OMP_NUM_THREADS": "1"}
-    with ThreadPoolExecutor(len(ids)) as pool:
-        futures = [
-            pool.submit(LocalWorker.start, str(model_dir), 120, worker_id=i, token=TOKEN, env=env)
-            for i in ids
-        ]
-        return [f.result() for f in futures]
+    return LocalWorker.start_many(str(model_dir), ids, TOKEN, env, 120)
 
 
 async def stop_all(workers: list[Any]) -> None:

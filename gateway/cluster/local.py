@@ -68,6 +68,20 @@ class LocalWorker:
             raise
         return cls(proc, url, token, unix_path)
 
+    @classmethod
+    def start_many(
+        cls, model_dir: str, ids: list[str], token: str, env: dict[str, str], timeout_s: float
+    ) -> list[LocalWorker]:
+        """Start workers ``ids`` in parallel (each imports torch and loads the model)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(ids)) as pool:
+            futures = [
+                pool.submit(cls.start, model_dir, timeout_s, worker_id=w, token=token, env=env)
+                for w in ids
+            ]
+            return [f.result() for f in futures]
+
     async def stop(self, timeout_s: float = 10.0) -> None:
         proc = self.proc
         if proc.poll() is None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +34,7 @@ def start_workers(
     """Start the workers in parallel (each imports torch and loads the model); ``env``: a
     ``worker_env(...)`` for other settings."""
     env = worker_env() if env is None else env
-    with ThreadPoolExecutor(len(ids)) as pool:
-        futures = [
-            pool.submit(LocalWorker.start, str(model_dir), 120, worker_id=w, token=TOKEN, env=env)
-            for w in ids
-        ]
-        return [f.result() for f in futures]
+    return LocalWorker.start_many(str(model_dir), ids, TOKEN, env, 120)
 
 
 async def stop_all(workers: list[LocalWorker]) -> None:
