@@ -129,14 +129,13 @@ class Generation:
     async def start(self) -> None:
         """Submit and wait for the first output, so admission errors (prompt too long, engine
         overloaded) surface before any response byte is sent."""
-        only_ends = {} if self._interim else {"interim": False}
         self._stream = aiter(
             self._engine.generate(
                 self._prompt_ids,
                 self._params,
                 namespace=self._namespace,
                 request_id=self._request_id,
-                **only_ends,
+                interim=self._interim,
             )
         )
         self._first = await anext(self._stream)

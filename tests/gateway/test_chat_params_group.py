@@ -29,7 +29,13 @@ class _Engine:
         self.closed: list[str] = []
 
     async def generate(
-        self, ids: Sequence[int], params: SamplingParams, *, namespace: str, request_id: str
+        self,
+        ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        namespace: str,
+        request_id: str,
+        interim: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         self.calls.append((request_id, namespace, params))
         tokens = [*self.tok.encode(self.texts[params.seed or 0]), self.tok.eos_token_ids[0]]
