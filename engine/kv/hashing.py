@@ -11,11 +11,11 @@ A ``CacheScope`` (one end user of a tenant) keeps only the namespace's leading `
 shared. Blocks that lie wholly inside them are keyed as above; at the first block past them the
 chain is re-rooted by mixing in the scope's salt, so every later key is private to the scope::
 
-    shared_tokens = 2.5 blocks      block:  0      1      2 (straddles)   3
-    unscoped                                k0 --> k1 --> k2 ---------->  k3
-    scope s                                 k0 --> k1 --> H'(k1|s) -> k2' --> k3'
+    shared_tokens = 2.5 blocks    block:  0      1      2 (straddles the end)   3
+    unscoped                              k0 --> k1 --> k2 ---------------------> k3
+    scope with salt s                     k0 --> k1 --> k2' --------------------> k3'
 
-    k2' = H(H'(k1 | salt) | tokens of block 2), H' = blake2b personalised "kvgate-scope"
+    k2' = H(H'(k1 | s) | int32 token ids of block 2), H' = blake2b personalised "kvgate-scope"
 
 The shared keys (and so pins, prewarm, the host tier and disk snapshots of the tenant prefix)
 are the same for every scope; no key past the shared part is equal across two salts.
