@@ -13,9 +13,14 @@ Host tier (engine/kv/tiering.py): evicted READY blocks of high enough priority a
 host memory; lookups continue from the device chain into host entries, restored into LOADING
 device blocks; pins beyond the device pin cap live in the host tier.
 
+Keys (engine/kv/hashing.py) chain from the namespace root; a request admitted with a
+``CacheScope`` keys its blocks past the scope's shared tokens privately, so it matches the
+namespace's shared prefix and its own scope's blocks only.
+
 Invariants (``check_integrity``): ref_count == number of requests whose table holds the block;
 a PENDING block's owner is alive and holds it; a READY block's parent is READY; a holder of a
-block holds its whole chain; idle blocks are READY; EMPTY blocks with ref 0 are in the free deque.
+block holds its whole chain; idle blocks are READY; EMPTY blocks with ref 0 are in the free deque;
+every request's keys are the key rule applied to its tokens, namespace and scope.
 """
 
 from __future__ import annotations
