@@ -2,7 +2,8 @@
 
 Side by side in one run, interleaved request by request (so machine noise hits both alike):
 
-    direct    AsyncEngine.generate(prompt ids, namespace=tenant salt)      (no HTTP)
+    direct    AsyncEngine.generate(prompt ids, namespace=tenant salt, cache_scope=the scope the
+              gateway gives the bench's server key)                        (no HTTP)
     gateway   POST /v1/chat/completions on loopback (auth, prompt assembly, rate limit, engine,
               JSON), once with the Redis limiter and once with the in-process limiter
     workers   the same gateway (Redis limiter) with its engine in a worker process, as
@@ -88,6 +89,7 @@ class _Setup:
         self.app, self.runner, self.url = app, runner, url
         self.key = ""
         self.salt = ""
+        self.scope: Any = None  # the gateway's cache scope of this key's requests
         self.prompt_ids: list[int] = []
 
 
@@ -104,6 +106,7 @@ async def _start(settings: Any, engine: Any) -> _Setup:
 
 
 async def _make_tenant(setup: _Setup, http: aiohttp.ClientSession, tenant_id: str) -> None:
+    from gateway.chat.cache_scope import derive
     from gateway.chat.prompt import assemble
     from gateway.chat.schemas import ChatMessage
     from gateway.context import STATE
@@ -115,11 +118,14 @@ async def _make_tenant(setup: _Setup, http: aiohttp.ClientSession, tenant_id: st
         assert r.status == 201, await r.text()
     url = f"{setup.url}/admin/v1/tenants/{tenant_id}/keys"
     async with http.post(url, json={"kind": "server"}, headers=hdrs) as r:
-        setup.key = (await r.json())["key"]
+        created = await r.json()
+        setup.key = created["key"]
     state = setup.app[STATE]
     rt = await state.store.get_tenant_runtime(tenant_id)
     entry = await state.pins.activate(rt)
     setup.salt = rt.cache_salt
+    # a server key without `user`: the key's scope (gateway/chat/cache_scope.py)
+    setup.scope = derive(rt.cache_salt, f"key:{created['id']}", len(entry.prefix.ids))
     setup.prompt_ids = assemble(
         state.tokenizer, entry.prefix, [ChatMessage(role="user", content="hi")]
     )
@@ -165,7 +171,10 @@ async def _timed_written(request: Callable[[], Awaitable[None]]) -> tuple[float,
 
 async def _direct(engine: Any, setup: _Setup, params: Any) -> float:
     async def request() -> None:
-        async for _ in engine.generate(setup.prompt_ids, params, namespace=setup.salt):
+        stream = engine.generate(
+            setup.prompt_ids, params, namespace=setup.salt, cache_scope=setup.scope
+        )
+        async for _ in stream:
             pass
 
     return await _timed(request)

@@ -12,6 +12,7 @@ from typing import Any
 _EXPORTS = {
     "Engine": "engine.engine",
     "AsyncEngine": "engine.engine",
+    "CacheScope": "engine.kv",
     "EngineConfig": "engine.config",
     "SamplingParams": "engine.params",
 }

@@ -39,7 +39,7 @@ from engine.errors import (
     EngineOverloaded,
     RequestAborted,
 )
-from engine.kv import CacheListener, CacheStats, PinHandle, PriorityRange
+from engine.kv import CacheListener, CacheScope, CacheStats, PinHandle, PriorityRange
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.params import SamplingParams
 from engine.request import request_id_or_new
@@ -55,6 +55,7 @@ class _Add:
     arrival_time: float
     sink: asyncio.Queue[RequestOutput | BaseException]  # put into on the event loop only
     interim: bool
+    cache_scope: CacheScope | None
 
 
 @dataclass(frozen=True)
@@ -196,9 +197,12 @@ class AsyncEngine:
         request_id: str | None = None,
         priorities: Sequence[PriorityRange] = (),
         interim: bool = True,
+        cache_scope: CacheScope | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs (token deltas in ``new_token_ids``) until the final one; with
         ``interim=False`` only the first and the final output (whose delta is every token since).
+        ``cache_scope``: prefix-cache keys past its shared tokens are private to it (one end
+        user); None keys the whole prompt in ``namespace`` alone.
 
         Raises PromptTooLong, EngineOverloaded, DuplicateRequestId, ValueError (token id outside
         the vocabulary, bad priority range) before anything is queued.
@@ -213,7 +217,17 @@ class AsyncEngine:
         q: _Sink = asyncio.Queue()
         self._streams[rid] = q
         arrival = time.monotonic()
-        cmd = _Add(rid, tuple(token_ids), params, namespace, tuple(priorities), arrival, q, interim)
+        cmd = _Add(
+            rid,
+            tuple(token_ids),
+            params,
+            namespace,
+            tuple(priorities),
+            arrival,
+            q,
+            interim,
+            cache_scope,
+        )
         self._inbox.put(cmd)
         done = False
         try:
@@ -325,6 +339,7 @@ class AsyncEngine:
                     request_id=cmd.request_id,
                     priorities=cmd.priorities,
                     arrival_time=cmd.arrival_time,
+                    cache_scope=cmd.cache_scope,
                 )
             except Exception as exc:  # validated on the loop already; report, do not die
                 return [(cmd.sink, exc)]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineConfig
 from engine.errors import PinRejected
-from engine.kv import CacheListener, CacheStats, PinHandle, PrefixCache, PriorityRange
+from engine.kv import CacheListener, CacheScope, CacheStats, PinHandle, PrefixCache, PriorityRange
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.params import SamplingParams
 from engine.request import Request
@@ -138,6 +138,7 @@ class EngineCore:
         request_id: str | None = None,
         priorities: Sequence[PriorityRange] = (),
         arrival_time: float | None = None,
+        cache_scope: CacheScope | None = None,
     ) -> str:
         rid = request_id if request_id is not None else self.new_request_id()
         ids = tuple(int(t) for t in token_ids)
@@ -149,6 +150,7 @@ class EngineCore:
             sampling=params,
             arrival_time=self.clock() if arrival_time is None else arrival_time,
             priorities=tuple(priorities),
+            cache_scope=cache_scope,
         )
         self.scheduler.add_request(req)
         return rid
@@ -304,9 +306,15 @@ class Engine:
         namespace: str = "default",
         request_id: str | None = None,
         priorities: Sequence[PriorityRange] = (),
+        cache_scope: CacheScope | None = None,
     ) -> str:
         return self.core.add_request(
-            token_ids, params, namespace=namespace, request_id=request_id, priorities=priorities
+            token_ids,
+            params,
+            namespace=namespace,
+            request_id=request_id,
+            priorities=priorities,
+            cache_scope=cache_scope,
         )
 
     def step(self) -> list[RequestOutput]:
@@ -325,9 +333,11 @@ class Engine:
         *,
         namespace: str = "default",
         priorities: Sequence[PriorityRange] = (),
+        cache_scope: CacheScope | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; final outputs in prompt order. Outputs of requests
-        added separately with add_request that finish meanwhile are not returned."""
+        added separately with add_request that finish meanwhile are not returned.
+        ``cache_scope`` (every prompt): prefix-cache keys past its shared tokens are private."""
         if params is None:
             params = SamplingParams()
         plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
@@ -336,7 +346,9 @@ class Engine:
         for p, sp in zip(prompts, plist, strict=True):  # validate all before adding any
             self.core.check_request(p, sp, priorities)
         ids = [
-            self.add_request(p, sp, namespace=namespace, priorities=priorities)
+            self.add_request(
+                p, sp, namespace=namespace, priorities=priorities, cache_scope=cache_scope
+            )
             for p, sp in zip(prompts, plist, strict=True)
         ]
         pending = set(ids)

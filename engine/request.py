@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.kv import PriorityRange
+from engine.kv import CacheScope, PriorityRange
 from engine.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprob
 from engine.params import SamplingParams
 
@@ -44,6 +44,7 @@ class Request:
     sampling: SamplingParams
     arrival_time: float
     priorities: tuple[PriorityRange, ...] = ()
+    cache_scope: CacheScope | None = None  # private prefix-cache keys past its shared part
 
     status: RequestStatus = RequestStatus.WAITING
     all_token_ids: list[int] = field(default_factory=list)

@@ -143,7 +143,11 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             alloc = self.cache.allocate(
-                req.request_id, req.namespace, req.all_token_ids, self._priorities(req)
+                req.request_id,
+                req.namespace,
+                req.all_token_ids,
+                self._priorities(req),
+                scope=req.cache_scope,
             )
             if alloc is None:
                 if self.running:
@@ -179,7 +183,7 @@ class Scheduler:
         if len(req.block_table) * self.block_size >= req.num_tokens:
             return True
         while True:
-            # No priorities: the cache keeps those given at admission.
+            # No priorities, no scope: the cache keeps those given at admission.
             alloc = self.cache.allocate(req.request_id, req.namespace, req.all_token_ids)
             if alloc is not None:
                 req.block_table = alloc.block_table

@@ -6,6 +6,7 @@ Contract with the scheduler: docs/contracts.md, section "engine/kv <-> engine/sc
 from __future__ import annotations
 
 from engine.kv.block import BlockState
+from engine.kv.hashing import CacheScope
 from engine.kv.prefix_cache import PrefixCache
 from engine.kv.types import (
     DEFAULT_PRIORITY,
@@ -24,6 +25,7 @@ __all__ = [
     "Allocation",
     "BlockState",
     "CacheListener",
+    "CacheScope",
     "CacheStats",
     "Handoff",
     "PinFailure",

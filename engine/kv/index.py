@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from engine.kv.block import Block
-from engine.kv.hashing import block_keys, root_key
+from engine.kv.hashing import CacheScope, block_keys, root_key
 
 
 class KeyIndex:
@@ -24,10 +24,17 @@ class KeyIndex:
         return root_key(namespace)
 
     def keys(
-        self, parent: bytes | None, token_ids: Sequence[int], block_size: int, first: int, last: int
+        self,
+        parent: bytes | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        first: int,
+        last: int,
+        scope: CacheScope | None = None,
     ) -> list[bytes | None]:
         assert parent is not None
-        return block_keys(parent, token_ids, block_size, first, last)  # type: ignore[return-value]
+        keys = block_keys(parent, token_ids, block_size, first, last, scope)
+        return keys  # type: ignore[return-value]
 
     def match(self, keys: Sequence[bytes | None]) -> list[Block]:
         """Blocks of the longest run of registered keys from the start of ``keys``."""
@@ -65,7 +72,13 @@ class NullIndex:
         return None
 
     def keys(
-        self, parent: bytes | None, token_ids: Sequence[int], block_size: int, first: int, last: int
+        self,
+        parent: bytes | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        first: int,
+        last: int,
+        scope: CacheScope | None = None,
     ) -> list[bytes | None]:
         return [None] * max(0, last - first)
 

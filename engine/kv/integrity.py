@@ -6,10 +6,13 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from engine.kv.block import BlockState
+from engine.kv.hashing import block_keys, root_key
+from engine.kv.index import NullIndex
 from engine.kv.tiering import check_tiers
 
 if TYPE_CHECKING:
     from engine.kv.prefix_cache import PrefixCache
+    from engine.kv.request import RequestState
 
 
 def check_integrity(cache: PrefixCache) -> None:
@@ -34,6 +37,7 @@ def _check_requests(cache: PrefixCache) -> Counter[int]:
         assert seq.block_ids == [b.block_id for b in seq.blocks], f"{rid!r}: block_ids stale"
         assert len(set(seq.block_ids)) == len(seq.block_ids), f"{rid!r}: block held twice"
         assert len(seq.keys) == len(seq.tokens) // bs, f"{rid!r}: {len(seq.keys)} keys"
+        _check_keys(cache, seq)
         for pos, block in enumerate(seq.blocks):
             holders[block.block_id] += 1
             if block.key is not None:
@@ -50,6 +54,18 @@ def _check_requests(cache: PrefixCache) -> Counter[int]:
         for pos in seq.owned[seq.owned_pos :]:
             assert 0 <= pos < len(seq.blocks), f"{rid!r}: owned position {pos} out of range"
     return holders
+
+
+def _check_keys(cache: PrefixCache, seq: RequestState) -> None:
+    """The keys kept incrementally are the key rule applied from scratch: the namespace root,
+    shared blocks unscoped, every block from the scope's first private one re-rooted."""
+    if isinstance(cache.index, NullIndex):
+        assert all(k is None for k in seq.keys), f"{seq.request_id!r}: keys without reuse"
+        return
+    n = len(seq.keys)
+    want = block_keys(root_key(seq.namespace), seq.tokens, cache.block_size, 0, n, seq.scope)
+    for pos, (key, expected) in enumerate(zip(seq.keys, want, strict=True)):
+        assert key == expected, f"{seq.request_id!r}: key of block {pos} breaks the key rule"
 
 
 def _check_blocks(cache: PrefixCache, holders: Counter[int]) -> None:

@@ -1,5 +1,8 @@
 """Pinned prefixes: blocks kept resident until unpinned, capped at a share of the pool.
 
+Pins key their prefix without a cache scope: they cover a namespace's shared part (the tenant
+prompt), whose keys every scope shares (engine/kv/hashing.py).
+
 A block's ``pin_count`` counts the live handles covering it; ``num_pinned`` counts blocks with
 ``pin_count > 0`` (a block pinned twice counts once against the cap).
 """

@@ -13,18 +13,25 @@ Host tier (engine/kv/tiering.py): evicted READY blocks of high enough priority a
 host memory; lookups continue from the device chain into host entries, restored into LOADING
 device blocks; pins beyond the device pin cap live in the host tier.
 
+Keys (engine/kv/hashing.py) chain from the namespace root; a request admitted with a
+``CacheScope`` keys its blocks past the scope's shared tokens privately, so it matches the
+namespace's shared prefix and its own scope's blocks only.
+
 Invariants (``check_integrity``): ref_count == number of requests whose table holds the block;
 a PENDING block's owner is alive and holds it; a READY block's parent is READY; a holder of a
-block holds its whole chain; idle blocks are READY; EMPTY blocks with ref 0 are in the free deque.
+block holds its whole chain; idle blocks are READY; EMPTY blocks with ref 0 are in the free deque;
+every request's keys are the key rule applied to its tokens, namespace and scope.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from engine.kv import tiering
 from engine.kv.block import Block, BlockState
 from engine.kv.handoff import inherit, pick_heir
+from engine.kv.hashing import CacheScope
 from engine.kv.host_tier import HostTier
 from engine.kv.index import KeyIndex, NullIndex
 from engine.kv.integrity import check_integrity
@@ -43,6 +50,15 @@ from engine.kv.types import (
     PrefixMatch,
     PriorityRange,
 )
+
+
+class _Refused(NamedTuple):
+    request_id: str
+    namespace: str
+    scope: CacheScope | None
+    tokens: list[int]
+    keys: list[bytes | None]
+
 
 PENDING = BlockState.PENDING
 READY = BlockState.READY
@@ -83,9 +99,9 @@ class PrefixCache:
         self._query_tokens = 0
         self._hit_tokens = 0
         self._evictions = 0
-        # (request id, namespace, prompt copy, keys) of the last refused admission: the scheduler
-        # retries the head of its queue every step until blocks free up, with the same prompt.
-        self._refused: tuple[str, str, list[int], list[bytes | None]] | None = None
+        # (request id, namespace, scope, prompt copy, keys) of the last refused admission: the
+        # scheduler retries the head of its queue every step until blocks free up, same prompt.
+        self._refused: _Refused | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -93,11 +109,19 @@ class PrefixCache:
 
     # ---------------------------------------------------------------- lookup / admission
 
-    def lookup(self, namespace: str, token_ids: Sequence[int]) -> PrefixMatch:
-        """Longest chain of full cached blocks (READY or PENDING); pure."""
+    def lookup(
+        self, namespace: str, token_ids: Sequence[int], scope: CacheScope | None = None
+    ) -> PrefixMatch:
+        """Longest chain of full cached blocks (READY or PENDING) under ``scope``; pure."""
         cap = max(0, (len(token_ids) - 1) // self.block_size)
-        keys = self.index.keys(self.index.root(namespace), token_ids, self.block_size, 0, cap)
-        return self._as_match(self.index.match(keys))
+        return self._as_match(self.index.match(self._keys(namespace, scope, token_ids, cap)))
+
+    def _keys(
+        self, namespace: str, scope: CacheScope | None, token_ids: Sequence[int], last: int
+    ) -> list[bytes | None]:
+        """Keys of full blocks 0..last-1: the one key rule of lookups, admissions and checks."""
+        root = self.index.root(namespace)
+        return self.index.keys(root, token_ids, self.block_size, 0, last, scope)
 
     def _as_match(self, blocks: list[Block]) -> PrefixMatch:
         return PrefixMatch(
@@ -113,15 +137,20 @@ class PrefixCache:
         namespace: str,
         token_ids: Sequence[int],
         priorities: Sequence[PriorityRange] = (),
+        scope: CacheScope | None = None,
     ) -> Allocation | None:
-        """Admit (first call) or grow a request's block table to cover ``token_ids``."""
+        """Admit (first call) or grow a request's block table to cover ``token_ids``.
+
+        ``scope`` is fixed at admission (later calls may omit it, or must pass the same)."""
         for rng in priorities:
             rng.check()
         seq = self.requests.get(request_id)
         if seq is None:
-            return self._admit(request_id, namespace, token_ids, tuple(priorities))
+            return self._admit(request_id, namespace, token_ids, tuple(priorities), scope)
         if seq.namespace != namespace:
             raise ValueError(f"request {request_id!r} belongs to namespace {seq.namespace!r}")
+        if scope is not None and scope != seq.scope:
+            raise ValueError(f"request {request_id!r} was admitted under another cache scope")
         if len(token_ids) < len(seq.tokens):
             raise ValueError(f"request {request_id!r}: token ids may only grow")
         if priorities:
@@ -141,7 +170,7 @@ class PrefixCache:
         if num_full > len(seq.keys):
             first = len(seq.keys)
             parent = seq.keys[-1] if seq.keys else self.index.root(seq.namespace)
-            seq.keys.extend(self.index.keys(parent, seq.tokens, bs, first, num_full))
+            seq.keys.extend(self.index.keys(parent, seq.tokens, bs, first, num_full, seq.scope))
             self._register(seq, first, num_full)
         seq.allocation = Allocation(tuple(seq.block_ids), seq.num_cached_tokens, seq.match)
         return seq.allocation
@@ -152,12 +181,13 @@ class PrefixCache:
         namespace: str,
         token_ids: Sequence[int],
         priorities: tuple[PriorityRange, ...],
+        scope: CacheScope | None,
     ) -> Allocation | None:
         bs = self.block_size
         if not token_ids:
             raise ValueError(f"request {request_id!r}: empty prompt")
         num_full = len(token_ids) // bs
-        keys = self._prompt_keys(request_id, namespace, token_ids)
+        keys = self._prompt_keys(request_id, namespace, scope, token_ids)
         cap = (len(token_ids) - 1) // bs
         matched = self.index.match(keys[:cap])
         hosted = tiering.host_continuation(self, matched, keys, cap)
@@ -166,12 +196,14 @@ class PrefixCache:
         if num_new > self.pool.num_allocatable - len(matched):  # exact count only when tight
             taken_idle = len([b for b in matched if b.is_idle])
             if num_new > self.pool.num_allocatable - taken_idle:
-                self._refused = (request_id, namespace, list(token_ids), keys)
+                self._refused = _Refused(request_id, namespace, scope, list(token_ids), keys)
                 return None
         self._refused = None
         self._admitted += 1
         self.tiers.host.hold(hosted)  # evictions below may offload: keep these entries
-        seq = RequestState(request_id, namespace, self._admitted, self._as_match([]), priorities)
+        seq = RequestState(
+            request_id, namespace, self._admitted, self._as_match([]), priorities, scope
+        )
         self.requests[request_id] = seq
         seq.tokens.extend(token_ids)
         seq.keys = keys
@@ -187,19 +219,19 @@ class PrefixCache:
         return seq.allocation
 
     def _prompt_keys(
-        self, request_id: str, namespace: str, token_ids: Sequence[int]
+        self, request_id: str, namespace: str, scope: CacheScope | None, token_ids: Sequence[int]
     ) -> list[bytes | None]:
         """Keys of the prompt's full blocks; a retried refused admission reuses its keys."""
         refused = self._refused
         if (
             refused is not None
-            and refused[0] == request_id
-            and refused[1] == namespace
-            and refused[2] == token_ids  # a copy: equal contents, whatever the caller did since
+            and refused.request_id == request_id
+            and refused.namespace == namespace
+            and refused.scope == scope
+            and refused.tokens == token_ids  # a copy: equal contents, whatever the caller did
         ):
-            return refused[3]
-        num_full = len(token_ids) // self.block_size
-        return self.index.keys(self.index.root(namespace), token_ids, self.block_size, 0, num_full)
+            return refused.keys
+        return self._keys(namespace, scope, token_ids, len(token_ids) // self.block_size)
 
     def _attach(self, seq: RequestState, matched: list[Block]) -> None:
         """Take a reference on each matched block (hot path: one pass, no calls per block)."""

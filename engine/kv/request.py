@@ -6,7 +6,8 @@ A request's block table, with the blocks it attached at admission first::
     blocks:  shared (READY or PENDING,  | its own: PENDING (registered, owned by it) while full
              owned by other requests)   | and its key was free, else private (EMPTY)
 
-``keys[i]`` is the content key of full block i (kept incrementally: never rehashed). Once one of
+``keys[i]`` is the content key of full block i (kept incrementally: never rehashed) under the
+request's namespace and cache scope (engine/kv/hashing.py). Once one of
 its full blocks is private, every later block of the request stays private too, so a registered
 block's parent is always held by the request that registered it.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.kv.block import Block
+from engine.kv.hashing import CacheScope
 from engine.kv.types import Allocation, PrefixMatch, PriorityRange
 
 
@@ -26,6 +28,7 @@ class RequestState:
     admit_order: int  # admission sequence number: earlier attached = smaller
     match: PrefixMatch
     priorities: tuple[PriorityRange, ...]
+    scope: CacheScope | None = None  # fixed at admission: keys past its shared part are private
     tokens: list[int] = field(default_factory=list)
     blocks: list[Block] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)

@@ -3,7 +3,7 @@
 Every ``/v1/*`` route requires ``Authorization: Bearer <KVGATE_WORKER_TOKEN>`` (compared in
 constant time); ``/healthz`` answers without it (orchestrator probes) and says nothing else::
 
-    POST /v1/generate   {ids, params, ns, rid, prio?, interim?} -> stream of frames (wire.py)
+    POST /v1/generate   {ids, params, ns, rid, prio?, interim?, scope?} -> frames (wire.py)
     POST /v1/abort      {rid}
     POST /v1/pin        {ns, ids} -> pin handle            POST /v1/unpin  {handle}
     GET  /v1/info       worker id, geometry, pin budget    GET  /v1/tokenizer  tokenizer payload
@@ -188,12 +188,19 @@ async def serve_generate(state: WorkerState, raw: bytes, sink: GenerateSink) -> 
         rid, ns = str(body["rid"]), str(body["ns"])
         prio = wire.priorities_from_wire(body.get("prio", []))
         interim = body.get("interim", True) is not False  # False: first and final frames only
+        scope = wire.scope_from_wire(body.get("scope"))  # absent: the namespace alone
     except (wire.WireError, KeyError, TypeError, ValueError) as exc:
         bad = ValueError(f"bad generate request: {type(exc).__name__}: {exc}")
         await sink.reply(400, wire.encode({"e": wire.error_to_wire(bad)}))
         return
     stream = state.engine.generate(
-        ids, params, namespace=ns, request_id=rid, priorities=prio, interim=interim
+        ids,
+        params,
+        namespace=ns,
+        request_id=rid,
+        priorities=prio,
+        interim=interim,
+        cache_scope=scope,
     )
     state.load.add(rid, len(ids), params.max_tokens)
     try:

@@ -19,7 +19,7 @@ import json
 from typing import Any
 
 from engine import errors as engine_errors
-from engine.kv import CacheStats, PinHandle, PriorityRange
+from engine.kv import CacheScope, CacheStats, PinHandle, PriorityRange
 from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from engine.params import SamplingParams
 
@@ -89,6 +89,18 @@ def priorities_to_wire(ranges: tuple[PriorityRange, ...]) -> list[list[Any]]:
 
 def priorities_from_wire(data: list[list[Any]]) -> tuple[PriorityRange, ...]:
     return tuple(PriorityRange(int(s), None if e is None else int(e), int(p)) for s, e, p in data)
+
+
+def scope_to_wire(scope: CacheScope) -> list[Any]:
+    """``[salt as hex, shared tokens]`` (the salt is a digest: binary, sent as hex)."""
+    return [scope.salt_bytes.hex(), scope.shared_tokens]
+
+
+def scope_from_wire(data: Any) -> CacheScope | None:
+    if data is None:
+        return None
+    salt, shared = data
+    return CacheScope(bytes.fromhex(str(salt)), int(shared))
 
 
 # -- outputs -----------------------------------------------------------------------------------

@@ -11,8 +11,9 @@ consumed since the previous piece. The token that ended a request in the engine 
 token) is not part of the answer, so its entry is dropped, as OpenAI does.
 
 ``n`` choices of one prompt (``ChoiceGroup``) are ``n`` ordinary engine requests in the same
-namespace, submitted together: the prefix cache gives them the prompt's blocks once (early reuse
-joins blocks still being computed), and a streamed answer interleaves their pieces by index.
+namespace and cache scope (one end user), submitted together: the prefix cache gives them the
+prompt's blocks once (early reuse joins blocks still being computed), and a streamed answer
+interleaves their pieces by index.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.kv import CacheScope
 from engine.model.tokenizer import IncrementalDetokenizer
 from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from engine.params import SamplingParams
@@ -107,6 +109,7 @@ class Generation:
         index: int = 0,
         on_update: Callable[[], None] | None = None,
         interim: bool = True,
+        cache_scope: CacheScope | None = None,
     ) -> None:
         self.index = index
         # False: a non-streaming answer without stop strings needs the first output (admission,
@@ -118,6 +121,7 @@ class Generation:
         self._prompt_ids = prompt_ids
         self._params = params
         self._namespace = namespace
+        self._cache_scope = cache_scope
         self._request_id = request_id
         self._stops = StopMatcher(stops)
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
@@ -136,6 +140,7 @@ class Generation:
                 namespace=self._namespace,
                 request_id=self._request_id,
                 interim=self._interim,
+                cache_scope=self._cache_scope,
             )
         )
         self._first = await anext(self._stream)
@@ -272,6 +277,7 @@ class ChoiceGroup:
         request_id: str,
         stops: Sequence[str] = (),
         streamed: bool = True,
+        cache_scope: CacheScope | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         # One choice is the whole group: its stats are the group's, with no per-token summing.
@@ -288,6 +294,7 @@ class ChoiceGroup:
                 index=i,
                 on_update=on_update,
                 interim=streamed,
+                cache_scope=cache_scope,
             )
             for i in range(n)
         ]

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from engine.params import SamplingParams
 from gateway.auth import Principal
+from gateway.chat.cache_scope import request_cache_scope
 from gateway.chat.generation import ChoiceGroup, GenerationStats, Piece
 from gateway.chat.logprobs import LogprobFormatter
 from gateway.chat.observe import RequestObserver
@@ -170,6 +171,8 @@ async def _serve(
             request_id=rid,
             stops=body.stop_strings,
             streamed=body.stream,
+            # blocks past the tenant prefix are the end user's own (gateway/chat/cache_scope.py)
+            cache_scope=request_cache_scope(request, principal, body.user, len(entry.prefix.ids)),
         )
         await gen.start()
         obs.stats = gen.stats  # admitted by the engine: recorded whatever ends the request

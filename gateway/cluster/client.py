@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 
 from engine.errors import EngineDead
-from engine.kv import CacheStats, PinHandle, PriorityRange
+from engine.kv import CacheScope, CacheStats, PinHandle, PriorityRange
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.params import SamplingParams
 from engine.worker import wire
@@ -178,6 +178,7 @@ class WorkerClient:
         request_id: str,
         priorities: Sequence[PriorityRange] = (),
         interim: bool = True,
+        cache_scope: CacheScope | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Outputs as ``AsyncEngine.generate`` yields them (``interim=False``: the first and the
         final only). Closing the iterator early closes the connection, which aborts the request on
@@ -192,6 +193,8 @@ class WorkerClient:
             body["prio"] = wire.priorities_to_wire(tuple(priorities))
         if not interim:
             body["interim"] = False
+        if cache_scope is not None:
+            body["scope"] = wire.scope_to_wire(cache_scope)
         try:
             resp = await self._pool.request(
                 "POST", "/v1/generate", self._json_headers, wire.encode(body), self._connect_s

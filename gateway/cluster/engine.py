@@ -25,7 +25,7 @@ import aiohttp
 import structlog
 
 from engine.errors import EngineClosed, EngineOverloaded, PinRejected
-from engine.kv import CacheStats, PriorityRange
+from engine.kv import CacheScope, CacheStats, PriorityRange
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
 from engine.request import request_id_or_new
@@ -284,6 +284,7 @@ class ClusterEngine:
         request_id: str | None = None,
         priorities: Sequence[PriorityRange] = (),
         interim: bool = True,
+        cache_scope: CacheScope | None = None,
     ) -> AsyncIterator[RequestOutput]:
         if self._closed:
             raise EngineClosed("the cluster client was shut down")
@@ -293,7 +294,7 @@ class ClusterEngine:
         cost = len(token_ids) + params.max_tokens
         tried: set[str] = set()
         while True:
-            route = self._route(key, namespace, token_ids, tried)
+            route = self._route(key, namespace, token_ids, tried, cache_scope)
             m = route.member
             stream = aiter(
                 m.client.generate(
@@ -303,6 +304,7 @@ class ClusterEngine:
                     request_id=rid,
                     priorities=priorities,
                     interim=interim,
+                    cache_scope=cache_scope,
                 )
             )
             m.local_tokens += cost
@@ -340,7 +342,14 @@ class ClusterEngine:
             self._leave(rid, m, cost)
             await _close(stream)
 
-    def _route(self, key: str, namespace: str, ids: Sequence[int], tried: set[str]) -> Route:
+    def _route(
+        self,
+        key: str,
+        namespace: str,
+        ids: Sequence[int],
+        tried: set[str],
+        scope: CacheScope | None = None,
+    ) -> Route:
         members = [m for w, m in self.healthy().items() if w not in tried]
         degraded = not members
         if degraded:  # none healthy: a worker that answers late beats failing the request
@@ -351,7 +360,9 @@ class ClusterEngine:
             ]
         pin = self.placer.pins.get(key)
         pinned_blocks = pin.blocks if pin is not None else 0
-        blocks, holders = self.index.longest(namespace, ids, self.block_size)
+        # keyed like the engine keys them (the end user's scope past the shared prefix), so a
+        # conversation is found on the worker holding it, and never another end user's
+        blocks, holders = self.index.longest(namespace, ids, self.block_size, scope)
         # a tenant pinned nowhere (no room) goes where its prompt is still cached, if anywhere
         floor = pinned_blocks if pin is not None and pin.handles else 0
         affinity = holders if blocks > floor else frozenset()

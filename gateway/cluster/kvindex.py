@@ -14,6 +14,10 @@ the longest prefix the workers holding it on the device come first::
 
 Bounded: beyond ``max_keys`` the oldest keys are forgotten (a lost hint, never a wrong one:
 the worker still checks its own cache).
+
+A request with a cache scope (an end user) looks its prompt up under the same scope the engine
+keys it with (engine/kv/hashing.py): the tenant prefix is found wherever it is, the rest only
+where this end user's own earlier turns are.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from engine.kv.hashing import block_keys, root_key
+from engine.kv.hashing import CacheScope, block_keys, root_key
 from engine.worker.events import REMOVED, STORED, TIER
 
 DEVICE = 1  # where a worker holds a key (bits)
@@ -89,13 +93,17 @@ class KvIndex:
             assert all(0 < bits <= DEVICE | HOST for bits in ws.values()), f"bad bits on {key}"
 
     def longest(
-        self, namespace: str, token_ids: Sequence[int], block_size: int
+        self,
+        namespace: str,
+        token_ids: Sequence[int],
+        block_size: int,
+        scope: CacheScope | None = None,
     ) -> tuple[int, frozenset[str]]:
         """(blocks, workers): the longest prefix of full blocks some worker holds, in either
         tier; the workers holding its last block on the device, else those holding it in host
         memory."""
         n = (len(token_ids) - 1) // block_size  # the engine never reuses the last token's block
-        keys = block_keys(root_key(namespace), token_ids, block_size, 0, n)
+        keys = block_keys(root_key(namespace), token_ids, block_size, 0, n, scope)
         holders = self._holders
         for i in range(len(keys) - 1, -1, -1):
             ws = holders.get(keys[i].hex())

@@ -1,7 +1,8 @@
 """Which worker serves a request, and why (the reason is counted per worker).
 
 1. affinity   a worker holds more of this prompt than the pinned system prompt (an earlier
-              turn of the conversation: KV-event index), and its queue is short
+              turn of the conversation: KV-event index, keyed in the end user's cache scope,
+              so only the end user's own turns count), and its queue is short
 2. placement  the least-loaded worker (outstanding tokens) of the tenant's placement set
 3. spill      every worker of the set has a queue delay over the threshold: the least-loaded
               healthy worker anywhere

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from engine.errors import PromptTooLong
-from engine.kv import PriorityRange
+from engine.kv import CacheScope, PriorityRange
 from tests.engine._sched_helpers import (
     EOS,
     FakeRunner,
@@ -185,17 +185,24 @@ def test_priorities_reach_the_cache() -> None:
     calls = []
     real_allocate = sched.cache.allocate
 
-    def spy(rid, ns, tokens, priorities=()):  # type: ignore[no-untyped-def]
-        calls.append(tuple(priorities))
-        return real_allocate(rid, ns, tokens, priorities)
+    def spy(rid, ns, tokens, priorities=(), scope=None):  # type: ignore[no-untyped-def]
+        calls.append((tuple(priorities), scope))
+        return real_allocate(rid, ns, tokens, priorities, scope=scope)
 
     sched.cache.allocate = spy  # type: ignore[method-assign]
     req = make_request("a", list(range(1, 13)), max_tokens=2)
     req.priorities = (PriorityRange(0, 8, 90),)
+    req.cache_scope = CacheScope(b"visitor", 8)
     add(sched, runner, req)
     run_all(sched, runner)
-    assert calls[0][0] == PriorityRange(0, 8, 90)
-    assert calls[0][1].start == 12 and calls[0][1].end is None and calls[0][1].priority < 35
+    (prio, scope), *growth = calls
+    assert prio[0] == PriorityRange(0, 8, 90)
+    assert prio[1].start == 12 and prio[1].end is None and prio[1].priority < 35
+    assert scope == CacheScope(b"visitor", 8)  # admission; growth keeps it (passes none)
+    assert all(s is None for _, s in growth)
+    prompt = [*range(1, 13), 0]
+    assert sched.cache.lookup("t", prompt, CacheScope(b"visitor", 8)).num_tokens == 12
+    assert sched.cache.lookup("t", prompt).num_tokens == 8  # the shared part only
 
 
 def test_blocks_grown_while_decoding_keep_the_admission_priorities() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.kv import CacheScope
 from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from engine.params import SamplingParams
@@ -26,6 +27,7 @@ class _Engine:
         self.tok = tok
         self.texts = texts
         self.calls: list[tuple[str, str, SamplingParams]] = []
+        self.scopes: list[CacheScope | None] = []
         self.closed: list[str] = []
 
     async def generate(
@@ -36,8 +38,10 @@ class _Engine:
         namespace: str,
         request_id: str,
         interim: bool = True,
+        cache_scope: CacheScope | None = None,
     ) -> AsyncIterator[RequestOutput]:
         self.calls.append((request_id, namespace, params))
+        self.scopes.append(cache_scope)
         tokens = [*self.tok.encode(self.texts[params.seed or 0]), self.tok.eos_token_ids[0]]
         done: list[int] = []
         try:
@@ -62,8 +66,16 @@ class _Engine:
 async def test_choices_run_with_their_seeds_and_combine(tokenizer: Tokenizer) -> None:
     engine = _Engine(tokenizer, {5: "hello world", 6: "good morning", 7: "hi"})
     params = SamplingParams(max_tokens=20, seed=5, logprobs=0)
+    visitor = CacheScope(b"visitor-digest", 4)
     group = ChoiceGroup(
-        engine, tokenizer, [1, 2, 3, 4], params, n=3, namespace="ns", request_id="r"
+        engine,
+        tokenizer,
+        [1, 2, 3, 4],
+        params,
+        n=3,
+        namespace="ns",
+        request_id="r",
+        cache_scope=visitor,
     )
     await group.start()
     assert [(rid, ns, p.seed) for rid, ns, p in engine.calls] == [
@@ -71,6 +83,7 @@ async def test_choices_run_with_their_seeds_and_combine(tokenizer: Tokenizer) ->
         ("r-1", "ns", 6),
         ("r-2", "ns", 7),
     ]
+    assert engine.scopes == [visitor] * 3  # every choice in the end user's cache scope
     texts: dict[int, str] = {}
     finishes: dict[int, str] = {}
     logprobs: dict[int, int] = {}

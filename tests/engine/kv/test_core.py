@@ -255,9 +255,9 @@ def test_decode_hashes_each_block_once(bs: int, monkeypatch: pytest.MonkeyPatch)
     hashed: list[int] = []
     real = index_mod.block_keys
 
-    def counting(parent, token_ids, block_size, first, last):  # type: ignore[no-untyped-def]
+    def counting(parent, token_ids, block_size, first, last, scope=None):  # type: ignore[no-untyped-def]
         hashed.append(max(0, last - first))
-        return real(parent, token_ids, block_size, first, last)
+        return real(parent, token_ids, block_size, first, last, scope)
 
     monkeypatch.setattr(index_mod, "block_keys", counting)
     cache = make_cache(32, bs)

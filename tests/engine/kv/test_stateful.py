@@ -5,6 +5,10 @@ its state, owner, holders and pins, and predicts every result: hits, PENDING own
 allocation failures, pin outcomes. Evictions are observed through the listener and checked
 (leaf first, never pinned or held) as they happen.
 
+Requests may carry a cache scope (an end user): the model keys their blocks by its own spelling of
+the rule (shared blocks under the namespace root, the rest re-rooted with the salt), so requests of
+other scopes match only the shared blocks, early reuse included.
+
 The host tier is part of the model: offloads and host reclaims are observed through the
 listener's ``on_tier`` (a reclaimed entry is never pinned or held by an admission in progress);
 lookups continue from a READY device chain into host entries, whose restored device blocks are
@@ -19,8 +23,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from engine.kv import BlockState, PinHandle, PrefixCache
-from engine.kv.hashing import block_keys, root_key
+from engine.kv import BlockState, CacheScope, PinHandle, PrefixCache
+from engine.kv.hashing import block_keys, root_key, scope_parent
 from engine.kv.prefix_cache import COPY_OWNER
 from engine.kv.transfers import Direction
 
@@ -32,6 +36,9 @@ NAMESPACES = ("a", "b", "c")
 # shared "system prompts" (repeats weight the draw) so that prefixes collide often
 BASES = ((1, 2, 3, 4, 5, 6, 7, 8),) * 3 + ((1, 2, 3, 4, 9, 9), (5,), ())
 NS_DRAW = st.sampled_from(("a", "a", "a", "b", "c"))
+# end users: the shared part ends inside the bases' common "1 2 3 4" or at the 8-token prompt
+SCOPES = (None, None, *(CacheScope(u, n) for u in ("u1", "u2") for n in (3, 4, 8)))
+SCOPE_DRAW = st.sampled_from(SCOPES)
 
 
 @dataclass
@@ -48,6 +55,7 @@ class Entry:
 @dataclass
 class Req:
     ns: str
+    scope: CacheScope | None
     admit: int
     tokens: list[int]
     held: list[bytes] = field(default_factory=list)  # keys of the entries it holds, by position
@@ -105,8 +113,15 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ model helpers
 
-    def _keys(self, ns: str, tokens: list[int], first: int, last: int, parent=None) -> list[bytes]:
-        return block_keys(parent or root_key(ns), tokens, self.bs, first, last)
+    def _keys(self, ns: str, scope: CacheScope | None, tokens: list[int], last: int) -> list[bytes]:
+        """Keys of blocks 0..last-1, from scratch (the rule, spelled with unscoped chains)."""
+        root = root_key(ns)
+        if scope is None:
+            return block_keys(root, tokens, self.bs, 0, last)
+        split = min(scope.shared_tokens // self.bs, last)
+        shared = block_keys(root, tokens, self.bs, 0, split)
+        private_root = scope_parent(shared[-1] if shared else root, scope.salt_bytes)
+        return shared + block_keys(private_root, tokens, self.bs, split, last)
 
     def _allocatable(self) -> int:
         private = sum(-(-len(r.tokens) // self.bs) - len(r.held) for r in self.reqs.values())
@@ -155,30 +170,44 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     @rule(
         ns=NS_DRAW,
+        sc=SCOPE_DRAW,
         base=st.sampled_from(BASES),
         tail=st.lists(st.integers(0, 3), max_size=6),
     )
-    def admit(self, ns: str, base: tuple[int, ...], tail: list[int]) -> None:
-        self._admit(ns, [*base, *tail] or [0])
+    def admit(self, ns: str, sc: CacheScope | None, base: tuple[int, ...], tail: list[int]) -> None:
+        self._admit(ns, sc, [*base, *tail] or [0])
 
-    @rule(data=st.data(), tail=st.lists(st.integers(0, 3), max_size=3))
+    @rule(
+        data=st.data(),
+        same=st.booleans(),
+        sc=SCOPE_DRAW,
+        tail=st.lists(st.integers(0, 3), max_size=3),
+    )
     @precondition(lambda self: self.reqs)
-    def admit_follower(self, data, tail: list[int]) -> None:
-        """Early reuse: a request sharing a running request's prompt (maybe still PENDING)."""
+    def admit_follower(self, data, same: bool, sc: CacheScope | None, tail: list[int]) -> None:
+        """Early reuse: a request sharing a running request's prompt (maybe still PENDING), of
+        the same end user or of another one (who may attach to the shared blocks only)."""
         leader = self.reqs[data.draw(st.sampled_from(sorted(self.reqs)))]
-        self._admit(leader.ns, [*leader.tokens, *tail])
+        self._admit(leader.ns, leader.scope if same else sc, [*leader.tokens, *tail])
 
-    @rule(ns=NS_DRAW, base=st.sampled_from(BASES), tails=st.lists(st.integers(0, 3), max_size=3))
-    def burst(self, ns: str, base: tuple[int, ...], tails: list[int]) -> None:
+    @rule(
+        ns=NS_DRAW,
+        sc=SCOPE_DRAW,
+        base=st.sampled_from(BASES),
+        tails=st.lists(st.integers(0, 3), max_size=3),
+    )
+    def burst(
+        self, ns: str, sc: CacheScope | None, base: tuple[int, ...], tails: list[int]
+    ) -> None:
         """Several requests with one prompt arrive together (cold cache: they attach PENDING)."""
         for tail in (0, *tails):
-            self._admit(ns, [*base, tail])
+            self._admit(ns, sc, [*base, tail])
 
-    def _admit(self, ns: str, tokens: list[int]) -> None:
+    def _admit(self, ns: str, sc: CacheScope | None, tokens: list[int]) -> None:
         rid = f"r{self.next_id}"
         self.next_id += 1
         n_full = len(tokens) // self.bs
-        keys = self._keys(ns, tokens, 0, n_full)
+        keys = self._keys(ns, sc, tokens, n_full)
         cap = (len(tokens) - 1) // self.bs
         k = 0
         while k < cap and keys[k] in self.entries:
@@ -189,7 +218,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         expect_none = -(-len(tokens) // self.bs) - k > self._allocatable() - idle_taken
         self.protected = set(keys[:k])
         self.host_protected = set(keys[k : k + h])
-        alloc = self.cache.allocate(rid, ns, tokens)
+        alloc = self.cache.allocate(rid, ns, tokens, scope=sc)
         self.protected = self.host_protected = set()
         assert (alloc is None) == expect_none
         if alloc is None:
@@ -200,7 +229,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         owners = tuple(COPY_OWNER if e.state is BlockState.LOADING else e.owner for e in matched)
         assert alloc.match.owners == owners + (COPY_OWNER,) * h
         self.seen.append((ns, tuple(tokens)))
-        req = self.reqs[rid] = Req(ns, self.next_id, tokens, list(keys[:k]))
+        req = self.reqs[rid] = Req(ns, sc, self.next_id, tokens, list(keys[:k]))
         for e in matched:
             e.holders.add(rid)
         for pos in range(k, k + h):
@@ -223,8 +252,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             return
         first, last = len(req.tokens) // self.bs, len(tokens) // self.bs
         req.tokens = tokens
-        parent = self.cache.requests[rid].keys[first - 1] if first else None
-        self._register(rid, req, self._keys(req.ns, tokens, first, last, parent), first)
+        self._register(rid, req, self._keys(req.ns, req.scope, tokens, last)[first:], first)
 
     @rule(data=st.data())
     @precondition(lambda self: self.reqs)
@@ -292,7 +320,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         ns, prompt = data.draw(st.sampled_from(self.seen))
         tokens = list(prompt[: n * self.bs])
         n_full = len(tokens) // self.bs
-        keys = self._keys(ns, tokens, 0, n_full)
+        keys = self._keys(ns, None, tokens, n_full)  # pins: unscoped (the shared part)
         ready = n_full > 0 and all(
             k in self.entries and self.entries[k].state is BlockState.READY for k in keys
         )
@@ -350,27 +378,34 @@ class PrefixCacheMachine(RuleBasedStateMachine):
                 if k not in above_loading
             )
 
-    @rule(ns=NS_DRAW, base=st.sampled_from(BASES))
-    def lookup(self, ns: str, base: tuple[int, ...]) -> None:
+    @rule(ns=NS_DRAW, sc=SCOPE_DRAW, base=st.sampled_from(BASES))
+    def lookup(self, ns: str, sc: CacheScope | None, base: tuple[int, ...]) -> None:
         tokens = [*base, 0]
-        keys = self._keys(ns, tokens, 0, (len(tokens) - 1) // self.bs)
+        keys = self._keys(ns, sc, tokens, (len(tokens) - 1) // self.bs)
         k = 0
         while k < len(keys) and keys[k] in self.entries:
             k += 1
-        assert self.cache.lookup(ns, tokens).num_tokens == k * self.bs  # lookup: device only
+        assert self.cache.lookup(ns, tokens, sc).num_tokens == k * self.bs  # lookup: device only
 
-    @rule(ns=NS_DRAW, base=st.sampled_from(BASES), tail=st.lists(st.integers(0, 3), max_size=4))
-    def round_trip(self, ns: str, base: tuple[int, ...], tail: list[int]) -> None:
+    @rule(
+        ns=NS_DRAW,
+        sc=SCOPE_DRAW,
+        base=st.sampled_from(BASES),
+        tail=st.lists(st.integers(0, 3), max_size=4),
+    )
+    def round_trip(
+        self, ns: str, sc: CacheScope | None, base: tuple[int, ...], tail: list[int]
+    ) -> None:
         """A prompt is computed, released and evicted (offloaded), then asked for again."""
         tokens = [*base, *tail] or [0]
         rid = f"r{self.next_id}"
-        self._admit(ns, tokens)
+        self._admit(ns, sc, tokens)
         if rid not in self.reqs:
             return
         self._commit(rid, len(tokens))
         self._free(rid)
         self.evict(NUM_BLOCKS)
-        self._admit(ns, tokens)
+        self._admit(ns, sc, tokens)
 
     @rule(data=st.data(), abort=st.booleans())
     def copy_step(self, data, abort: bool) -> None:
