@@ -69,7 +69,7 @@ class TenantStoreSettings:
                 f"must start with one of {', '.join(_URL_SCHEMES)}; got {self.database_url!r}",
             )
         sha = self.admin_token_sha256
-        if sha is not None and not _SHA256_HEX.match(sha):
+        if sha is not None and not _SHA256_HEX.fullmatch(sha):
             raise ConfigError("KVGATE_ADMIN_TOKEN_SHA256", "must be 64 lowercase hex digits")
         for name in ("rpm", "tpm", "max_concurrency", "max_output_tokens"):
             value = getattr(self.default_limits, name)

@@ -8,7 +8,6 @@ POST /v1/widget/sessions           server key; {end_user_id, origin, ttl_s} -> s
 from __future__ import annotations
 
 import hashlib
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +19,11 @@ from gateway.context import STATE
 from gateway.errors import ApiError
 from gateway.widget import tokens
 from gateway.widget.body import read_json
-from tenants.schemas import parse
+from tenants.schemas import ORIGIN_RE, parse
 from tenants.widget import WidgetStore
 
 SCRIPT_PATH = Path(__file__).parent / "static" / "kvgate-chat.js"
 SCRIPT_CACHE = "public, max-age=86400, stale-while-revalidate=604800"
-_ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ class SessionIn(BaseModel):
     @field_validator("origin")
     @classmethod
     def _origin(cls, value: str) -> str:
-        if not _ORIGIN_RE.match(value):
+        if not ORIGIN_RE.fullmatch(value):
             raise ValueError("must be an origin like https://example.com")
         return value
 
