@@ -19,7 +19,7 @@ from tests.reliability.test_database import (
     MARGIN_S,
     assert_unavailable,
     gateway_behind_proxy,
-    readyz,
+    readyz_once_back,
 )
 from tests.widget.helpers import chat_body, new_session, request, widget_tenant
 
@@ -92,7 +92,7 @@ async def test_widget_writes_refused_quickly_and_tokens_keep_working_in_a_stall(
         assert status == 401 and body["error"]["code"] == "invalid_api_key", body
 
         await proxy.restore()
-        status, ready, _ = await readyz(gw)  # its probe finds the database back
+        status, ready = await readyz_once_back(gw)  # its probe finds the database back
         assert status == 200 and ready["database"]["status"] == "ok", ready
         assert await gw.admin("GET", f"/tenants/{t.id}/widget") == settings_before
         assert await gw.admin("GET", f"/audit?tenant={t.id}") == audit_before
