@@ -238,6 +238,12 @@ VARIABLES: tuple[Variable, ...] = (
         "auto",
         "serve the widget demo page /widget/demo; auto: on in the embedded default only",
     ),
+    Variable(
+        "KVGATE_WIDGET_SESSION_RPM",
+        _int_ge1,
+        "600",
+        "session tokens one server key may issue per minute (POST /v1/widget/sessions)",
+    ),
     Variable("KVGATE_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "log level"),
     Variable("KVGATE_LOG_JSON", _bool, "true", "JSON log lines (false: console format)"),
     Variable("KVGATE_SERVICE_NAME", _str, "kvgate-gateway", "OTel service.name"),
@@ -461,13 +467,17 @@ class TelemetrySettings:
 @dataclass(frozen=True)
 class WidgetSettings:
     demo: bool  # serve /widget/demo (creates a demo tenant and widget key on first visit)
+    session_rpm: int = 600  # session tokens per minute and server key
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> WidgetSettings:
         mode = value(src, "KVGATE_WIDGET_DEMO")
         # "auto": on only in the embedded default (no KVGATE_DATABASE_URL configured).
         embedded = not src.get("KVGATE_DATABASE_URL")
-        return cls(demo=mode == "true" or (mode == "auto" and embedded))
+        return cls(
+            demo=mode == "true" or (mode == "auto" and embedded),
+            session_rpm=value(src, "KVGATE_WIDGET_SESSION_RPM"),
+        )
 
 
 @dataclass(frozen=True)

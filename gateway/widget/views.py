@@ -15,12 +15,11 @@ from pathlib import Path
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gateway.context import STATE
+from gateway.context import SETTINGS, STATE
 from gateway.errors import ApiError
-from gateway.widget import tokens
+from gateway.widget import issuance, tokens
 from gateway.widget.body import read_json
 from tenants.schemas import ORIGIN_RE, parse
-from tenants.widget import WidgetStore
 
 SCRIPT_PATH = Path(__file__).parent / "static" / "kvgate-chat.js"
 SCRIPT_CACHE = "public, max-age=86400, stale-while-revalidate=604800"
@@ -102,14 +101,17 @@ class SessionIn(BaseModel):
 
 async def create_session(request: web.Request) -> web.Response:
     """A session token for one end user on one origin, signed with the tenant's secret
-    (created on first use). Only server keys may ask: this call belongs on the tenant's backend."""
+    (created on first use). Only server keys may ask: this call belongs on the tenant's backend.
+    Rate-limited per key; no database write per token (gateway/widget/issuance.py)."""
     state = request.app[STATE]
     principal = await state.keys.authenticate(request)
     if principal.is_widget:
         raise _forbidden("session tokens are issued to server keys only", "server_key_required")
-    data = parse(SessionIn, await read_json(request))
+    rpm = request.app[SETTINGS].widget.session_rpm
+    async with issuance.admitted(state, principal, rpm) as decision:
+        data = parse(SessionIn, await read_json(request))
+        secret = await issuance.session_secret(state, principal.runtime)
     tenant_id = principal.runtime.tenant_id
-    secret = await WidgetStore(state.store).session_secret(tenant_id, actor="gateway")
     expires_at = int(time.time()) + data.ttl_s
     claims = tokens.SessionClaims(
         tenant_id, principal.identity.key_id, data.origin, data.end_user_id, expires_at
@@ -121,4 +123,5 @@ async def create_session(request: web.Request) -> web.Response:
         "origin": data.origin,
         "end_user_id": data.end_user_id,
     }
-    return web.json_response(body, status=201, headers={"Cache-Control": "no-store"})
+    headers = {**decision.headers(), "Cache-Control": "no-store"}
+    return web.json_response(body, status=201, headers=headers)
