@@ -4,12 +4,19 @@ no database write per issued token (the secret is created once, race-safe, then 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import event
 
+from gateway.auth import Principal
+from gateway.ratelimit import RedisLimiter, make_client
+from gateway.widget.issuance import issuance_lease
+from tenants.runtime import KeyIdentity, TenantRuntime
+from tenants.settings import Limits
+from tests.conftest import SHARED_REDIS_URL
 from tests.gateway.harness import LiveGateway, live_gateway, make_settings
 from tests.widget.helpers import new_session, request, widget_chat, widget_tenant
 
@@ -107,3 +114,27 @@ async def test_concurrent_first_uses_agree_on_one_secret(
             assert (await widget_chat(gw, body["token"], SITE))[0] == 200  # type: ignore[index]
         audit = await gw.admin("GET", f"/audit?tenant={t.id}")
         assert [r["action"] for r in audit["data"]].count("widget.create_secret") == 1
+
+
+async def test_the_issuance_bucket_never_meets_the_tenants_chat_scopes() -> None:
+    """Through the shared (Redis) limiter: the key's issuance RPM lives under its own hash tag;
+    exhausting it writes none of the tenant's or the key's chat keys."""
+    prefix = f"kvgate-test-{uuid.uuid4().hex[:12]}:"
+    client = make_client(SHARED_REDIS_URL, 1.0)
+    limiter = RedisLimiter(client, prefix)
+    rt = TenantRuntime("acme", "active", "salt", None, None, Limits(5, 5, 5, 5), True)
+    principal = Principal(KeyIdentity("acme", "key_1", "server", (), rpm=100), rt)
+    try:
+        allowed = []
+        for _ in range(3):
+            lease = issuance_lease(principal, 2)
+            allowed.append((await limiter.acquire(lease)).allowed)
+            await limiter.release(lease, 0)
+        assert allowed == [True, True, False]
+        keys = {k.decode() async for k in client.scan_iter(match=f"{prefix}*")}
+        assert keys == {f"{prefix}rl:{{acme:sessions}}:key:key_1:rpm"}
+    finally:
+        keys = [k async for k in client.scan_iter(match=f"{prefix}*")]
+        if keys:
+            await client.delete(*keys)
+        await limiter.close()
