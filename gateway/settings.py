@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tenants.db import redact_url
 from tenants.errors import ConfigError
 from tenants.settings import TenantStoreSettings
 
@@ -85,6 +86,17 @@ def _int_ge1(raw: str) -> int:
 
 def _cidrs(raw: str) -> tuple[IPNetwork, ...]:
     return tuple(ipaddress.ip_network(c.strip()) for c in raw.split(",") if c.strip())
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listen address reaches only this machine ("localhost", 127.0.0.0/8, ::1);
+    any other name, and the wildcard addresses, may be reachable from elsewhere."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _bool(raw: str) -> bool:
@@ -236,7 +248,8 @@ VARIABLES: tuple[Variable, ...] = (
         "KVGATE_WIDGET_DEMO",
         _choice("auto", "true", "false"),
         "auto",
-        "serve the widget demo page /widget/demo; auto: on in the embedded default only",
+        "serve the widget demo page /widget/demo; auto: on in the embedded default on a "
+        "loopback address only",
     ),
     Variable(
         "KVGATE_WIDGET_SESSION_RPM",
@@ -305,7 +318,16 @@ def value(source: Mapping[str, str], name: str) -> Any:
     try:
         return var.parse(raw.strip())
     except ValueError as exc:
-        raise SettingsError(f"{name}: invalid value {raw!r} ({exc})") from None
+        raise SettingsError(f"{name}: invalid value {_shown(name, raw)} ({exc})") from None
+
+
+def _shown(name: str, raw: str) -> str:
+    """A rejected value as an error may quote it: never a secret, URLs without passwords."""
+    if "TOKEN" in name or "SECRET" in name:
+        return "(not shown: a secret)"
+    if name.endswith("_URL"):
+        return repr(redact_url(raw))
+    return repr(raw)
 
 
 @dataclass(frozen=True)
@@ -405,7 +427,7 @@ def _snapshot_dir(src: Mapping[str, str]) -> str | None:
 
 @dataclass(frozen=True)
 class RateLimitSettings:
-    redis_url: str | None
+    redis_url: str | None = field(repr=False)  # may hold a password
     redis_prefix: str
     fail_open: bool
     redis_timeout_s: float
@@ -472,10 +494,13 @@ class WidgetSettings:
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> WidgetSettings:
         mode = value(src, "KVGATE_WIDGET_DEMO")
-        # "auto": on only in the embedded default (no KVGATE_DATABASE_URL configured).
+        # "auto": on only in the embedded default (no KVGATE_DATABASE_URL configured) listening
+        # on a loopback address; anyone who reaches the page can chat through the demo tenant,
+        # so a gateway reachable from elsewhere serves it only when asked to ("true").
         embedded = not src.get("KVGATE_DATABASE_URL")
+        local = is_loopback(value(src, "KVGATE_HOST"))
         return cls(
-            demo=mode == "true" or (mode == "auto" and embedded),
+            demo=mode == "true" or (mode == "auto" and embedded and local),
             session_rpm=value(src, "KVGATE_WIDGET_SESSION_RPM"),
         )
 

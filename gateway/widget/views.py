@@ -49,17 +49,16 @@ def _forbidden(message: str, code: str) -> ApiError:
 
 
 async def widget_config(request: web.Request) -> web.Response:
-    """What a widget key's page shows. Refuses (readably: CORS *) keys that are not widget keys
-    and pages whose origin the key does not allow, so the widget can say why it cannot chat."""
+    """What a widget key's page shows. Refuses (readably: CORS *) pages whose origin the key
+    does not allow, so the widget can say why it cannot chat. A server key gets exactly the
+    answer an unknown key gets: this public route must not tell anyone which keys are valid."""
     state = request.app[STATE]
     key = request.query.get("key", "")
     ident = await state.keys.identity(key) if key else None
-    if ident is None:
+    if ident is None or ident.kind != "widget":
         raise ApiError(
             401, "invalid widget key", type_="authentication_error", code="invalid_api_key"
         )
-    if ident.kind != "widget":
-        raise _forbidden("only widget keys belong in a web page", "not_a_widget_key")
     origin = request.headers.get("Origin")
     if origin is not None and origin not in ident.allowed_origins:
         raise _forbidden(f"this widget key is not allowed from {origin}", "origin_not_allowed")
