@@ -84,6 +84,19 @@ def _int_ge1(raw: str) -> int:
     return value
 
 
+WORKER_TOKEN_MIN = 32  # characters: the worker API is the engine itself, reachable by network
+
+
+def _worker_token(raw: str) -> str | None:
+    if not raw:
+        return None
+    if len(raw) < WORKER_TOKEN_MIN:
+        raise ValueError(
+            f"must be at least {WORKER_TOKEN_MIN} characters; generate one: openssl rand -hex 32"
+        )
+    return raw
+
+
 def _cidrs(raw: str) -> tuple[IPNetwork, ...]:
     return tuple(ipaddress.ip_network(c.strip()) for c in raw.split(",") if c.strip())
 
@@ -261,7 +274,13 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_LOG_JSON", _bool, "true", "JSON log lines (false: console format)"),
     Variable("KVGATE_SERVICE_NAME", _str, "kvgate-gateway", "OTel service.name"),
     Variable("KVGATE_WORKERS", _opt_str, "", "engine workers (http://h:p,...); unset: one local"),
-    Variable("KVGATE_WORKER_TOKEN", _opt_str, "", "shared secret of the gateway-worker API"),
+    Variable(
+        "KVGATE_WORKER_TOKEN",
+        _worker_token,
+        "",
+        f"shared secret of the gateway-worker API ({WORKER_TOKEN_MIN}+ characters: "
+        "openssl rand -hex 32); unset: kvgate serve's local worker gets a generated one",
+    ),
     Variable("KVGATE_WORKER_ID", _opt_str, "", "`kvgate worker`: placement id; unset: host:port"),
     Variable("KVGATE_WORKER_HEALTH_S", _positive_float, "1", "worker health-check interval"),
     Variable(
@@ -324,7 +343,7 @@ def value(source: Mapping[str, str], name: str) -> Any:
 def _shown(name: str, raw: str) -> str:
     """A rejected value as an error may quote it: never a secret, URLs without passwords."""
     if "TOKEN" in name or "SECRET" in name:
-        return "(not shown: a secret)"
+        return "(not shown)"
     if name.endswith("_URL"):
         return repr(redact_url(raw))
     return repr(raw)
