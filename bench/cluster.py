@@ -59,7 +59,7 @@ from bench.cluster_load import (
 from bench.common import percentile, print_table, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TOKEN = "bench-cluster-token"
+TOKEN = "bench-cluster-token-0123456789abcdef"  # KVGATE_WORKER_TOKEN: 32+ characters
 WINDOW_S = 2.0
 WARM_UP = 0.5  # share of a run whose requests count only in hit_rate_with_warm_up
 LOAD_WINDOW_S = 2.0  # tenant rate buckets: 6 of them (12 s) fill within the warm-up

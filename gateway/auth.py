@@ -1,11 +1,18 @@
 """API key -> tenant, cached in memory with a short TTL and acted on by tenant change events.
 
-The cache key is the SHA-256 of the presented key (the key itself is never kept). Only
-successful lookups are cached: a key created a moment ago must work at once. Runtime views
+The cache key is the SHA-256 of the presented key (the key itself is never kept). Runtime views
 (status, limits, prompt version) are cached per tenant with the same TTL and invalidated by
 events, so a suspension or a limit change applies at once on this replica and within the TTL
 on replicas that miss the event. While the tenant database is unreachable, known keys and
 tenants are served from their last-known-good state (gateway/lkg.py), for a bounded time.
+
+Unknown keys, key ids and tenant ids are remembered as missing for ``miss_ttl_s`` (bounded in
+number), so whatever a client sends costs at most one read per distinct value per that time;
+the events that may make one known (a key or tenant created, a tenant restored) forget those
+misses at once, so a key created a moment ago works at once. Nothing a client sends
+invalidates cached state: a session token naming a tenant without a session secret re-reads
+that tenant's runtime at most once per ``miss_ttl_s`` (the secret may have been created on
+another replica a moment ago), and never touches its keys.
 """
 
 from __future__ import annotations
@@ -15,11 +22,13 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
 from gateway.errors import ApiError
 from gateway.lkg import LastKnownGood
+from gateway.misses import RecentMisses
 from gateway.widget import tokens
 from tenants.events import TenantChanged
 from tenants.runtime import KeyIdentity, TenantRuntime
@@ -88,18 +97,34 @@ class KeyCache:
         clock: Callable[[], float] = time.monotonic,
         on_use: Callable[[str], None] | None = None,
         stale_max_s: float = 900.0,
+        miss_ttl_s: float = 1.0,
+        max_misses: int = 10_000,
     ) -> None:
         self._store = store
         self._on_use = on_use  # key id -> None (records last use; no I/O)
-        self._keys: LastKnownGood[KeyIdentity] = LastKnownGood(ttl_s, stale_max_s, clock)
-        self._by_id: LastKnownGood[KeyIdentity] = LastKnownGood(ttl_s, stale_max_s, clock)
-        self._runtimes: LastKnownGood[TenantRuntime] = LastKnownGood(ttl_s, stale_max_s, clock)
+        self._clock = clock
+
+        def table() -> LastKnownGood[Any]:
+            return LastKnownGood(
+                ttl_s, stale_max_s, clock, miss_ttl_s=miss_ttl_s, max_misses=max_misses
+            )
+
+        self._keys: LastKnownGood[KeyIdentity] = table()
+        self._by_id: LastKnownGood[KeyIdentity] = table()
+        self._runtimes: LastKnownGood[TenantRuntime] = table()
+        # Tenants whose runtime a session token made us re-read and that still had no secret.
+        self._no_secret = RecentMisses(miss_ttl_s, max_misses)
         self.stale_max_s = stale_max_s
 
     @property
     def lookups(self) -> int:
         """Database round trips attempted (tests check the cache works)."""
         return self._keys.loads + self._by_id.loads + self._runtimes.loads
+
+    @property
+    def misses_served(self) -> int:
+        """Unknown keys / tenants answered from a recent miss, without a database read."""
+        return self._keys.misses_served + self._by_id.misses_served + self._runtimes.misses_served
 
     @property
     def stale_served(self) -> int:
@@ -121,21 +146,32 @@ class KeyCache:
         """A key by its id (a session token's issuer): None when unknown or revoked."""
         return await self._by_id.get(key_id, lambda: self._store.get_key_identity(key_id))
 
-    async def runtime(self, tenant_id: str) -> TenantRuntime | None:
+    async def runtime(self, tenant_id: str, *, refresh: bool = False) -> TenantRuntime | None:
         return await self._runtimes.get(
-            tenant_id, lambda: self._store.get_tenant_runtime(tenant_id)
+            tenant_id, lambda: self._store.get_tenant_runtime(tenant_id), refresh=refresh
         )
+
+    async def _session_runtime(self, tenant_id: str) -> TenantRuntime | None:
+        """The runtime a session token is checked against. Without a secret in the cached
+        view, one re-read (the secret may have been created on another replica a moment ago),
+        then none for ``miss_ttl_s`` while the tenant still has none: forged tokens naming it
+        cost no more reads than that, and flush nothing."""
+        rt = await self.runtime(tenant_id)
+        if rt is None or rt.widget.session_secret is not None:
+            return rt
+        if self._no_secret.missing(tenant_id, self._clock()):
+            return rt
+        generation = self._no_secret.generation
+        rt = await self.runtime(tenant_id, refresh=True)
+        if rt is not None and rt.widget.session_secret is None:
+            self._no_secret.add(tenant_id, self._clock(), generation)
+        return rt
 
     def check_integrity(self) -> None:
         self._keys.check_integrity()
         self._by_id.check_integrity(lambda k: k.key_id)
         self._runtimes.check_integrity(lambda rt: rt.tenant_id)
-
-    def invalidate(self, tenant_id: str) -> None:
-        """Re-read the tenant and its keys on next use (last-known-good still applies)."""
-        self._keys.expire(tenant_id)
-        self._by_id.expire(tenant_id)
-        self._runtimes.expire(tenant_id)
+        self._no_secret.check_integrity(self._clock())
 
     async def on_event(self, event: TenantChanged) -> None:
         """Act on exactly what changed (tenants/events.py): a revoked key is refused for good
@@ -145,6 +181,7 @@ class KeyCache:
         (prompt, limits, display settings, key limits) only forces a re-read. An event without
         details (an older replica's) distrusts whatever its kind may have changed."""
         tid = event.tenant_id
+        self._forget_misses(event)
         if event.kind == "deleted":
             for table in (self._keys, self._by_id):
                 table.drop(tid)
@@ -155,6 +192,17 @@ class KeyCache:
             self._on_update(event)
         else:  # created, prompt, limits
             self._runtimes.expire(tid)
+
+    def _forget_misses(self, event: TenantChanged) -> None:
+        """Unknown ids an event may have made known are read again: any event of a tenant for
+        its runtime; a key created, a tenant created or restored (or an event that does not
+        say what it did) for every unknown key (a miss does not know its tenant)."""
+        self._runtimes.forget_missing(event.tenant_id)
+        if event.kind == "updated" and "secret" in event.groups:
+            self._no_secret.forget(event.tenant_id)
+        if _may_make_keys_known(event):
+            self._keys.forget_missing()
+            self._by_id.forget_missing()
 
     def _on_key_event(self, event: TenantChanged) -> None:
         tid, key_id = event.tenant_id, event.key_id
@@ -225,11 +273,7 @@ class KeyCache:
         """A widget session token (gateway/widget/tokens.py): MAC under the tenant's secret,
         expiry, then the origin it was issued for; the tenant must be active."""
         try:
-            tenant_id = tokens.peek_tenant(token)
-            rt = await self.runtime(tenant_id)
-            if rt is not None and rt.widget.session_secret is None:
-                self.invalidate(tenant_id)  # the secret may have been created a moment ago
-                rt = await self.runtime(tenant_id)
+            rt = await self._session_runtime(tokens.peek_tenant(token))
             secret = rt.widget.session_secret if rt is not None else None
             claims = tokens.verify(token, secret, time.time())
         except tokens.SessionTokenError as exc:
@@ -254,6 +298,16 @@ class KeyCache:
         # The session's traffic counts against the issuing key's own limits too (its key scope).
         ident = dataclasses.replace(issuer, kind="widget", allowed_origins=(claims.origin,))
         return Principal(ident, rt, end_user_id=claims.end_user_id)
+
+
+def _may_make_keys_known(event: TenantChanged) -> bool:
+    if event.kind == "created":
+        return True
+    if event.kind == "keys":
+        return event.key_change in (None, "created")
+    if event.kind == "updated":  # a deleted tenant restored brings its keys back
+        return not event.groups or "status" in event.groups
+    return False
 
 
 def _without_session_secret(rt: TenantRuntime) -> TenantRuntime:

@@ -4,17 +4,27 @@ The probe is one ``SELECT 1`` bounded by ``min(1 s, KVGATE_DB_TIMEOUT_S)``, so `
 within about a second whatever the database does. An unreachable database does not make the
 gateway unready while known keys and tenants can still be served from last-known-good state
 (``KVGATE_DB_STALE_MAX_S``); past that, the check fails.
+
+``/readyz`` is public, so its answer is cached (``DatabaseProbe``): a probe is reused for
+``PROBE_MAX_AGE_S`` and shared by the calls that arrive while it runs, so however often it is
+called the database sees at most about one ``SELECT 1`` per second from it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from aiohttp import web
 
 from gateway.auth import KeyCache
 from tenants.store import TenantStore
 
 PROBE_TIMEOUT_S = 1.0
+PROBE_MAX_AGE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -55,3 +65,37 @@ async def database_readiness(store: TenantStore, keys: KeyCache) -> DatabaseRead
     return DatabaseReadiness(
         status, False, outage, keys.stale_max_s, snap.last_error, keys.oldest_read_age()
     )
+
+
+class DatabaseProbe:
+    """``database_readiness`` at most once per ``max_age_s``, one probe at a time."""
+
+    def __init__(
+        self, max_age_s: float = PROBE_MAX_AGE_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._max_age = max_age_s
+        self._clock = clock
+        self._last: DatabaseReadiness | None = None
+        self._last_at = 0.0  # clock reading when the last probe ended
+        self._running: asyncio.Task[DatabaseReadiness] | None = None
+        self.probes = 0  # probes run (tests check the cache works)
+
+    async def readiness(self, store: TenantStore, keys: KeyCache) -> DatabaseReadiness:
+        if self._last is not None and self._clock() - self._last_at < self._max_age:
+            return self._last
+        if self._running is None:
+            self._running = asyncio.ensure_future(self._probe(store, keys))
+        # Shielded: a caller that goes away does not cancel the probe the others wait on.
+        return await asyncio.shield(self._running)
+
+    async def _probe(self, store: TenantStore, keys: KeyCache) -> DatabaseReadiness:
+        self.probes += 1
+        try:
+            result = await database_readiness(store, keys)
+        finally:
+            self._running = None
+        self._last, self._last_at = result, self._clock()
+        return result
+
+
+DB_PROBE = web.AppKey("database_probe", DatabaseProbe)

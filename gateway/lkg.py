@@ -16,16 +16,25 @@ use; the revised value is what an outage serves), ``expire_where``, and ``revoke
 ``revoke`` (a permanent refusal: the entry is gone and its key answers None without a read,
 during an outage too). A load that overlaps an event of its tenant is kept but stale and
 untrusted, so it can neither hide the change nor be served in its place.
+
+A read that finds nothing is remembered for ``miss_ttl_s`` (``gateway/misses.py``: bounded,
+forgotten by the events that may make it a hit, ``forget_missing``), so a burst of one unknown
+key costs one read. Concurrent reads of one key share one database round trip (started in a
+task of its own, so a caller that goes away does not fail the others); a caller joins a read
+only if no event arrived since it started.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from gateway.misses import RecentMisses
 from tenants.errors import StoreUnavailable
 
 
@@ -45,6 +54,12 @@ class Entry(Generic[V]):
     trusted: bool = True  # False: a change event arrived that no read has confirmed yet
 
 
+@dataclass(frozen=True)
+class _Flight(Generic[V]):
+    epoch: int  # the event epoch the read started in: later callers join only within it
+    task: asyncio.Task[V | None]
+
+
 class LastKnownGood(Generic[V]):
     def __init__(
         self,
@@ -52,6 +67,8 @@ class LastKnownGood(Generic[V]):
         stale_max_s: float,
         clock: Callable[[], float] = time.monotonic,
         max_revoked: int = 10_000,
+        miss_ttl_s: float = 1.0,
+        max_misses: int = 10_000,
     ) -> None:
         assert ttl_s > 0 and stale_max_s >= 0, "bad cache lifetimes"
         self._ttl = ttl_s
@@ -64,24 +81,51 @@ class LastKnownGood(Generic[V]):
         self._max_revoked = max_revoked
         self._epoch = 0  # bumped by every event
         self._touched: dict[str, int] = {}  # tenant id -> epoch of its latest event
+        self._misses = RecentMisses(miss_ttl_s, max_misses)
+        self._flights: dict[str, _Flight[V]] = {}  # key -> the read in progress
         self.loads = 0  # database round trips attempted
         self.stale_served = 0  # answers given from last-known-good during an outage
+        self.misses_served = 0  # None answered from a recent miss, without a read
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    async def get(self, key: str, load: Callable[[], Awaitable[V | None]]) -> V | None:
-        """A fresh entry, else ``load()``; only found values are cached (a key or tenant
-        created a moment ago is seen at once). ``StoreUnavailable`` passes when there is no
-        trusted entry young enough to serve instead. A revoked key is None, with no read."""
+    async def get(
+        self, key: str, load: Callable[[], Awaitable[V | None]], *, refresh: bool = False
+    ) -> V | None:
+        """A fresh entry or a recent miss, else ``load()`` (shared with a read of the same key
+        already running); ``refresh``: read even so. A key or tenant created a moment ago is
+        seen at once unless this key was read missing less than ``miss_ttl_s`` ago and no event
+        made it known since. ``StoreUnavailable`` passes when there is no trusted entry young
+        enough to serve instead. A revoked key is None, with no read."""
         if key in self._revoked:
             return None
-        entry = self._entries.get(key)
         now = self._clock()
-        if entry is not None and entry.trusted and now < entry.fresh_until:
-            return entry.value
+        if not refresh:
+            entry = self._entries.get(key)
+            if entry is not None and entry.trusted and now < entry.fresh_until:
+                return entry.value
+            if self._misses.missing(key, now):
+                self.misses_served += 1
+                return None
+        flight = self._flights.get(key)
+        if flight is None or flight.epoch != self._epoch:
+            flight = _Flight(self._epoch, asyncio.ensure_future(self._load(key, load, now)))
+            self._flights[key] = flight
+            flight.task.add_done_callback(functools.partial(self._landed, key, flight))
+        return await asyncio.shield(flight.task)
+
+    def _landed(self, key: str, flight: _Flight[V], _: object) -> None:
+        if self._flights.get(key) is flight:
+            del self._flights[key]
+        if not flight.task.cancelled():
+            flight.task.exception()  # retrieved here too: every caller may have gone away
+
+    async def _load(
+        self, key: str, load: Callable[[], Awaitable[V | None]], now: float
+    ) -> V | None:
         self.loads += 1
-        epoch = self._epoch
+        epoch, misses = self._epoch, self._misses.generation
         try:
             value = await load()
         except StoreUnavailable:
@@ -96,12 +140,20 @@ class LastKnownGood(Generic[V]):
             raise
         if value is None or key in self._revoked:
             self._entries.pop(key, None)
+            if value is None:
+                self._misses.add(key, now, misses)
             return None
+        self._misses.discard(key)  # found after all (a refresh, or a miss that expired)
         if self._touched.get(value.tenant_id, 0) > epoch:  # an event of its tenant overlapped
             self._entries[key] = Entry(value, now, now, trusted=False)
         else:
             self._entries[key] = Entry(value, now, now + self._ttl)
         return value
+
+    def forget_missing(self, key: str | None = None) -> None:
+        """Read ``key`` (None: every key) again even if it was just found missing: an event
+        says it may exist now (a key or tenant created, a tenant restored)."""
+        self._misses.forget(key)
 
     def _event(self, tenant_id: str) -> None:
         self._epoch += 1
@@ -152,6 +204,7 @@ class LastKnownGood(Generic[V]):
     def revoke(self, key: str) -> None:
         """Refuse ``key`` for good, cached or not (the caller knows the refusal is permanent)."""
         self._entries.pop(key, None)
+        self._misses.forget(key)
         self._revoked[key] = None
         self._revoked.move_to_end(key)
         while len(self._revoked) > self._max_revoked:
@@ -166,8 +219,10 @@ class LastKnownGood(Generic[V]):
         now = self._clock()
         assert len(self._revoked) <= self._max_revoked, "too many revoked keys remembered"
         assert max(self._touched.values(), default=0) <= self._epoch, "event after the epoch"
+        self._misses.check_integrity(now)
         for key, entry in self._entries.items():
             assert key not in self._revoked, f"entry {key[:8]} is revoked yet cached"
+            assert not self._misses.missing(key, now), f"entry {key[:8]} cached and missing"
             assert entry.loaded_at <= now, f"entry {key[:8]} read in the future"
             assert entry.loaded_at <= entry.fresh_until <= entry.loaded_at + self._ttl, (
                 f"entry {key[:8]} fresh outside [read, read + ttl]"

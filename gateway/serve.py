@@ -107,11 +107,21 @@ def _serve_metrics(app: web.Application, settings: Settings) -> None:
         print(f"kvgate serve: metrics on {server.metrics_host}:{server.metrics_port}", flush=True)
 
 
+def environment(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment settings are read from, with ``--host`` as ``KVGATE_HOST``: what depends
+    on the listen address (the widget demo's ``auto``: loopback only) sees the real one."""
+    env = dict(environ)
+    if args.host:
+        env["KVGATE_HOST"] = args.host
+    return env
+
+
 def main(argv: Sequence[str]) -> int:
     args = _parse_args(argv[1:])  # argv[0] is "serve"
     try:
-        base = Settings.from_env(os.environ)
-        env, new_token = admin_token_env(os.environ, base.server.var_dir)
+        environ = environment(args, os.environ)
+        base = Settings.from_env(environ)
+        env, new_token = admin_token_env(environ, base.server.var_dir)
         env = default_model_env(env, base.server.var_dir)
         settings = Settings.from_env(env)
     except SettingsError as exc:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tenants.db import redact_url
 from tenants.errors import ConfigError
 from tenants.settings import TenantStoreSettings
 
@@ -83,8 +84,32 @@ def _int_ge1(raw: str) -> int:
     return value
 
 
+WORKER_TOKEN_MIN = 32  # characters: the worker API is the engine itself, reachable by network
+
+
+def _worker_token(raw: str) -> str | None:
+    if not raw:
+        return None
+    if len(raw) < WORKER_TOKEN_MIN:
+        raise ValueError(
+            f"must be at least {WORKER_TOKEN_MIN} characters; generate one: openssl rand -hex 32"
+        )
+    return raw
+
+
 def _cidrs(raw: str) -> tuple[IPNetwork, ...]:
     return tuple(ipaddress.ip_network(c.strip()) for c in raw.split(",") if c.strip())
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listen address reaches only this machine ("localhost", 127.0.0.0/8, ::1);
+    any other name, and the wildcard addresses, may be reachable from elsewhere."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _bool(raw: str) -> bool:
@@ -236,13 +261,26 @@ VARIABLES: tuple[Variable, ...] = (
         "KVGATE_WIDGET_DEMO",
         _choice("auto", "true", "false"),
         "auto",
-        "serve the widget demo page /widget/demo; auto: on in the embedded default only",
+        "serve the widget demo page /widget/demo; auto: on in the embedded default on a "
+        "loopback address only",
+    ),
+    Variable(
+        "KVGATE_WIDGET_SESSION_RPM",
+        _int_ge1,
+        "600",
+        "session tokens one server key may issue per minute (POST /v1/widget/sessions)",
     ),
     Variable("KVGATE_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "log level"),
     Variable("KVGATE_LOG_JSON", _bool, "true", "JSON log lines (false: console format)"),
     Variable("KVGATE_SERVICE_NAME", _str, "kvgate-gateway", "OTel service.name"),
     Variable("KVGATE_WORKERS", _opt_str, "", "engine workers (http://h:p,...); unset: one local"),
-    Variable("KVGATE_WORKER_TOKEN", _opt_str, "", "shared secret of the gateway-worker API"),
+    Variable(
+        "KVGATE_WORKER_TOKEN",
+        _worker_token,
+        "",
+        f"shared secret of the gateway-worker API ({WORKER_TOKEN_MIN}+ characters: "
+        "openssl rand -hex 32); unset: kvgate serve's local worker gets a generated one",
+    ),
     Variable("KVGATE_WORKER_ID", _opt_str, "", "`kvgate worker`: placement id; unset: host:port"),
     Variable("KVGATE_WORKER_HEALTH_S", _positive_float, "1", "worker health-check interval"),
     Variable(
@@ -299,7 +337,16 @@ def value(source: Mapping[str, str], name: str) -> Any:
     try:
         return var.parse(raw.strip())
     except ValueError as exc:
-        raise SettingsError(f"{name}: invalid value {raw!r} ({exc})") from None
+        raise SettingsError(f"{name}: invalid value {_shown(name, raw)} ({exc})") from None
+
+
+def _shown(name: str, raw: str) -> str:
+    """A rejected value as an error may quote it: never a secret, URLs without passwords."""
+    if "TOKEN" in name or "SECRET" in name:
+        return "(not shown)"
+    if name.endswith("_URL"):
+        return repr(redact_url(raw))
+    return repr(raw)
 
 
 @dataclass(frozen=True)
@@ -399,7 +446,7 @@ def _snapshot_dir(src: Mapping[str, str]) -> str | None:
 
 @dataclass(frozen=True)
 class RateLimitSettings:
-    redis_url: str | None
+    redis_url: str | None = field(repr=False)  # may hold a password
     redis_prefix: str
     fail_open: bool
     redis_timeout_s: float
@@ -461,13 +508,20 @@ class TelemetrySettings:
 @dataclass(frozen=True)
 class WidgetSettings:
     demo: bool  # serve /widget/demo (creates a demo tenant and widget key on first visit)
+    session_rpm: int = 600  # session tokens per minute and server key
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> WidgetSettings:
         mode = value(src, "KVGATE_WIDGET_DEMO")
-        # "auto": on only in the embedded default (no KVGATE_DATABASE_URL configured).
+        # "auto": on only in the embedded default (no KVGATE_DATABASE_URL configured) listening
+        # on a loopback address; anyone who reaches the page can chat through the demo tenant,
+        # so a gateway reachable from elsewhere serves it only when asked to ("true").
         embedded = not src.get("KVGATE_DATABASE_URL")
-        return cls(demo=mode == "true" or (mode == "auto" and embedded))
+        local = is_loopback(value(src, "KVGATE_HOST"))
+        return cls(
+            demo=mode == "true" or (mode == "auto" and embedded and local),
+            session_rpm=value(src, "KVGATE_WIDGET_SESSION_RPM"),
+        )
 
 
 @dataclass(frozen=True)

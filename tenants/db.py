@@ -1,4 +1,5 @@
-"""Engine and session factory; maps "database unreachable" to ``StoreUnavailable``."""
+"""Engine and session factory; maps "database unreachable" to ``StoreUnavailable``; URLs as they
+may be shown (``redact_url``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -21,6 +22,22 @@ from tenants.errors import StoreUnavailable
 
 SessionFactory = async_sessionmaker[AsyncSession]
 T = TypeVar("T")
+_SECRET_QUERY_KEYS = ("pass", "secret", "token", "key")  # ?password=, ?sslkey=, ...
+
+
+def redact_url(url: str) -> str:
+    """``url`` as a message or log line may show it (database and Redis URLs alike): the
+    password as ``***``, query values whose name looks secret as ``redacted``; a string that
+    does not parse as a URL is not echoed at all (it may be a password in the wrong place)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return "<not a URL>"
+    query = {
+        k: "redacted" if any(s in k.lower() for s in _SECRET_QUERY_KEYS) else v
+        for k, v in parsed.query.items()
+    }
+    return parsed.set(query=query).render_as_string(hide_password=True)
 
 
 def make_engine(

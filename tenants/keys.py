@@ -52,7 +52,7 @@ def generate_key() -> NewKey:
 
 def key_prefix(key: str) -> str | None:
     """The public prefix of a well-formed key, else None."""
-    m = KEY_RE.match(key)
+    m = KEY_RE.fullmatch(key)
     return m.group(1) if m else None
 
 

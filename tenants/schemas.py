@@ -21,16 +21,20 @@ from pydantic import (
 
 from tenants.errors import InvalidField
 
+# Validation patterns are always applied with ``fullmatch``: in Python ``$`` also matches before
+# a trailing newline, so ``match`` would accept "acme\n". They keep the ``^...$`` form because
+# the tenant id's is published as a JSON Schema pattern (where ``$`` is the end of the text, as
+# in pydantic-core's own regex engine).
 # DNS-label-like slug: 2..63 chars of [a-z0-9-], starting and ending with a letter or digit.
 TENANT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,61}[a-z0-9]$")
 MAX_PROMPT_CHARS = 200_000
 # Limits are INTEGER columns: a larger value would fail in the database, not in validation.
 MAX_LIMIT = 2**31 - 1
-_ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
+ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 
 
 def validate_tenant_id(value: str) -> str:
-    if not TENANT_ID_RE.match(value):
+    if not TENANT_ID_RE.fullmatch(value):
         raise InvalidField(
             "tenant id must be 2-63 characters of lowercase letters, digits and hyphens, "
             "starting and ending with a letter or digit",
@@ -78,7 +82,7 @@ class TenantCreate(_In):
     @field_validator("id")
     @classmethod
     def _slug(cls, value: str) -> str:
-        if not TENANT_ID_RE.match(value):
+        if not TENANT_ID_RE.fullmatch(value):
             raise ValueError(
                 "must be 2-63 characters of a-z, 0-9 and '-', not starting or ending with '-'"
             )
@@ -107,7 +111,7 @@ class KeyCreate(_In):
         if info.data.get("kind") == "widget" and not value:
             raise ValueError("a widget key needs at least one origin like https://example.com")
         for origin in value:
-            if not _ORIGIN_RE.match(origin):
+            if not ORIGIN_RE.fullmatch(origin):
                 raise ValueError(f"{origin!r} is not an origin like https://example.com")
         return value
 
@@ -136,7 +140,7 @@ class WidgetSettingsIn(_In):
     @field_validator("accent")
     @classmethod
     def _accent(cls, value: str | None) -> str | None:
-        if value is not None and not _ACCENT_RE.match(value):
+        if value is not None and not _ACCENT_RE.fullmatch(value):
             raise ValueError("must be a hex colour like #0b5fff or #06f")
         return value
 

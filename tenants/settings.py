@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tenants.db import redact_url
 from tenants.errors import ConfigError
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./var/kvgate.db"
@@ -54,11 +55,11 @@ def hash_admin_token(token: str) -> str:
 
 @dataclass(frozen=True)
 class TenantStoreSettings:
-    database_url: str = DEFAULT_DATABASE_URL
+    database_url: str = field(default=DEFAULT_DATABASE_URL, repr=False)  # may hold a password
     default_limits: Limits = DEFAULT_LIMITS
     # sha256 hex of the admin bearer token; None means the admin API refuses every request.
     admin_token_sha256: str | None = field(default=None, repr=False)
-    redis_url: str | None = None
+    redis_url: str | None = field(default=None, repr=False)
     event_channel: str = DEFAULT_EVENT_CHANNEL
     last_used_flush_s: float = 30.0
 
@@ -66,10 +67,11 @@ class TenantStoreSettings:
         if not self.database_url.startswith(_URL_SCHEMES):
             raise ConfigError(
                 "KVGATE_DATABASE_URL",
-                f"must start with one of {', '.join(_URL_SCHEMES)}; got {self.database_url!r}",
+                f"must start with one of {', '.join(_URL_SCHEMES)}; "
+                f"got {redact_url(self.database_url)!r}",
             )
         sha = self.admin_token_sha256
-        if sha is not None and not _SHA256_HEX.match(sha):
+        if sha is not None and not _SHA256_HEX.fullmatch(sha):
             raise ConfigError("KVGATE_ADMIN_TOKEN_SHA256", "must be 64 lowercase hex digits")
         for name in ("rpm", "tpm", "max_concurrency", "max_output_tokens"):
             value = getattr(self.default_limits, name)

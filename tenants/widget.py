@@ -13,6 +13,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from tenants.events import SettingGroup, TenantChanged
@@ -116,18 +117,40 @@ async def rotate_session_secret(
     return widget_out(tenant)
 
 
+async def read_session_secret(session: AsyncSession, tenant_id: str) -> str | None:
+    """The secret of a tenant that is not deleted, or None (none yet, or no such tenant)."""
+    return await session.scalar(
+        select(Tenant.widget_session_secret).where(
+            Tenant.id == tenant_id, Tenant.status != "deleted"
+        )
+    )
+
+
 async def ensure_session_secret(
     session: AsyncSession, tenant_id: str, *, actor: str
 ) -> tuple[str, bool]:
-    """(the tenant's session secret, created now): created on first use under the tenant's row
-    lock, so concurrent first uses agree on one secret."""
-    tenant = await lock_tenant(session, tenant_id, allow_deleted=False)
-    if tenant.widget_session_secret is not None:
-        return tenant.widget_session_secret, False
-    tenant.widget_session_secret = new_session_secret()
-    await session.flush()
-    await write_audit(session, actor, "widget.create_secret", tenant_id, {})
-    return tenant.widget_session_secret, True
+    """(the tenant's session secret, created now). A conditional UPDATE (only where there is
+    none yet): concurrent first uses, on any replica, agree on the one that committed first
+    (the others' UPDATE waits for it, then matches no row, and they read its secret)."""
+    created = await session.scalar(
+        update(Tenant)
+        .where(
+            Tenant.id == tenant_id,
+            Tenant.status != "deleted",
+            Tenant.widget_session_secret.is_(None),
+        )
+        .values(widget_session_secret=new_session_secret())
+        .returning(Tenant.widget_session_secret)
+        .execution_options(synchronize_session=False)
+    )
+    if created is not None:
+        await write_audit(session, actor, "widget.create_secret", tenant_id, {})
+        return created, True
+    existing = await read_session_secret(session, tenant_id)
+    if existing is None:
+        await lock_tenant(session, tenant_id, allow_deleted=False)  # raises the right error
+        raise AssertionError("unreachable: a live tenant without a secret after the update")
+    return existing, False
 
 
 class WidgetStore:
@@ -155,7 +178,11 @@ class WidgetStore:
         return out
 
     async def session_secret(self, tenant_id: str, *, actor: str) -> str:
-        """The secret, created on first use; a created one is announced so caches see it."""
+        """The secret, created on first use (a read first: no write once it exists); a created
+        one is announced so caches see it."""
+        existing = await self._store.read(lambda s: read_session_secret(s, tenant_id))
+        if existing is not None:
+            return existing
         secret, created = await self._store.write(
             lambda s: ensure_session_secret(s, tenant_id, actor=actor)
         )

@@ -40,7 +40,7 @@ def _token_bytes(tokenizer: Any, token_id: int) -> bytes:
     table = _byte_level_decoder()
     if all(ch in table for ch in piece):
         return bytes(table[ch] for ch in piece)
-    byte = _BYTE_TOKEN.match(piece)
+    byte = _BYTE_TOKEN.fullmatch(piece)
     if byte:
         return bytes([int(byte.group(1), 16)])
     return piece.replace("\u2581", " ").encode("utf-8")

@@ -90,7 +90,7 @@ def peek_tenant(token: str) -> str:
     """The tenant id a token claims (unverified: only to look up the secret)."""
     tenant = _decode(token)[2].get("t")
     # Checked before it reaches a query: no NUL or other bytes a tenant id cannot hold.
-    if not isinstance(tenant, str) or not TENANT_ID_RE.match(tenant):
+    if not isinstance(tenant, str) or not TENANT_ID_RE.fullmatch(tenant):
         raise SessionTokenError("malformed session token")
     return tenant
 

@@ -8,7 +8,6 @@ POST /v1/widget/sessions           server key; {end_user_id, origin, ttl_s} -> s
 from __future__ import annotations
 
 import hashlib
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,16 +15,14 @@ from pathlib import Path
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gateway.context import STATE
+from gateway.context import SETTINGS, STATE
 from gateway.errors import ApiError
-from gateway.widget import tokens
+from gateway.widget import issuance, tokens
 from gateway.widget.body import read_json
-from tenants.schemas import parse
-from tenants.widget import WidgetStore
+from tenants.schemas import ORIGIN_RE, parse
 
 SCRIPT_PATH = Path(__file__).parent / "static" / "kvgate-chat.js"
 SCRIPT_CACHE = "public, max-age=86400, stale-while-revalidate=604800"
-_ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 
 
 @dataclass(frozen=True)
@@ -52,17 +49,16 @@ def _forbidden(message: str, code: str) -> ApiError:
 
 
 async def widget_config(request: web.Request) -> web.Response:
-    """What a widget key's page shows. Refuses (readably: CORS *) keys that are not widget keys
-    and pages whose origin the key does not allow, so the widget can say why it cannot chat."""
+    """What a widget key's page shows. Refuses (readably: CORS *) pages whose origin the key
+    does not allow, so the widget can say why it cannot chat. A server key gets exactly the
+    answer an unknown key gets: this public route must not tell anyone which keys are valid."""
     state = request.app[STATE]
     key = request.query.get("key", "")
     ident = await state.keys.identity(key) if key else None
-    if ident is None:
+    if ident is None or ident.kind != "widget":
         raise ApiError(
             401, "invalid widget key", type_="authentication_error", code="invalid_api_key"
         )
-    if ident.kind != "widget":
-        raise _forbidden("only widget keys belong in a web page", "not_a_widget_key")
     origin = request.headers.get("Origin")
     if origin is not None and origin not in ident.allowed_origins:
         raise _forbidden(f"this widget key is not allowed from {origin}", "origin_not_allowed")
@@ -90,7 +86,7 @@ class SessionIn(BaseModel):
     @field_validator("origin")
     @classmethod
     def _origin(cls, value: str) -> str:
-        if not _ORIGIN_RE.match(value):
+        if not ORIGIN_RE.fullmatch(value):
             raise ValueError("must be an origin like https://example.com")
         return value
 
@@ -104,14 +100,17 @@ class SessionIn(BaseModel):
 
 async def create_session(request: web.Request) -> web.Response:
     """A session token for one end user on one origin, signed with the tenant's secret
-    (created on first use). Only server keys may ask: this call belongs on the tenant's backend."""
+    (created on first use). Only server keys may ask: this call belongs on the tenant's backend.
+    Rate-limited per key; no database write per token (gateway/widget/issuance.py)."""
     state = request.app[STATE]
     principal = await state.keys.authenticate(request)
     if principal.is_widget:
         raise _forbidden("session tokens are issued to server keys only", "server_key_required")
-    data = parse(SessionIn, await read_json(request))
+    rpm = request.app[SETTINGS].widget.session_rpm
+    async with issuance.admitted(state, principal, rpm) as decision:
+        data = parse(SessionIn, await read_json(request))
+        secret = await issuance.session_secret(state, principal.runtime)
     tenant_id = principal.runtime.tenant_id
-    secret = await WidgetStore(state.store).session_secret(tenant_id, actor="gateway")
     expires_at = int(time.time()) + data.ttl_s
     claims = tokens.SessionClaims(
         tenant_id, principal.identity.key_id, data.origin, data.end_user_id, expires_at
@@ -123,4 +122,5 @@ async def create_session(request: web.Request) -> web.Response:
         "origin": data.origin,
         "end_user_id": data.end_user_id,
     }
-    return web.json_response(body, status=201, headers={"Cache-Control": "no-store"})
+    headers = {**decision.headers(), "Cache-Control": "no-store"}
+    return web.json_response(body, status=201, headers=headers)

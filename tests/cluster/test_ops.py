@@ -127,3 +127,76 @@ def test_compose_runs_two_workers_behind_the_gateway() -> None:
     env = services["gateway"]["environment"]
     assert env["KVGATE_WORKERS"] == ",".join(f"http://{w}:8100" for w in workers)
     assert env["KVGATE_WORKER_TOKEN"] == services[workers[0]]["environment"]["KVGATE_WORKER_TOKEN"]
+
+
+def _policy(name: str) -> dict[str, Any]:
+    (policy,) = [p for p in by_kind("NetworkPolicy") if p["metadata"]["name"] == name]
+    return policy
+
+
+def test_network_policies_keep_workers_and_metrics_internal() -> None:
+    """Workers: only gateway pods, only the worker port. Gateways: the API port from anywhere,
+    the metrics port from the monitoring namespace only. No Service exposes the metrics port."""
+    (sts,) = by_kind("StatefulSet")
+    (gw,) = [d for d in by_kind("Deployment") if d["metadata"]["name"] == "kvgate-gateway"]
+    worker_labels = sts["spec"]["template"]["metadata"]["labels"]
+    gateway_labels = gw["spec"]["template"]["metadata"]["labels"]
+    worker = _policy("kvgate-worker")["spec"]
+    assert worker["podSelector"]["matchLabels"].items() <= worker_labels.items()
+    assert worker["policyTypes"] == ["Ingress"]
+    (rule,) = worker["ingress"]
+    (source,) = rule["from"]
+    assert set(source) == {"podSelector"}  # this namespace's pods, no namespace or IP range
+    assert source["podSelector"]["matchLabels"].items() <= gateway_labels.items()
+    assert not source["podSelector"]["matchLabels"].items() <= worker_labels.items()
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    assert [p["port"] for p in rule["ports"]] == [p["containerPort"] for p in c["ports"]]
+
+    gateway = _policy("kvgate-gateway")["spec"]
+    assert gateway["podSelector"]["matchLabels"].items() <= gateway_labels.items()
+    assert gateway["policyTypes"] == ["Ingress"]
+    ports = {
+        p["name"]: p["containerPort"]
+        for p in gw["spec"]["template"]["spec"]["containers"][0]["ports"]
+    }
+    by_port = {p["port"]: r.get("from") for r in gateway["ingress"] for p in r["ports"]}
+    assert set(by_port) == {ports["http"], ports["metrics"]}
+    assert by_port[ports["http"]] is None  # the API: from anywhere
+    (monitoring,) = by_port[ports["metrics"]]
+    assert set(monitoring) == {"namespaceSelector"}
+    assert monitoring["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"
+    }
+    for svc in by_kind("Service"):
+        for port in svc["spec"].get("ports", []):
+            assert ports["metrics"] not in (port["port"], port.get("targetPort"))
+            assert port.get("targetPort") != "metrics"
+
+
+def test_secret_placeholders_are_too_short_to_start_with() -> None:
+    """A secrets.yaml applied unedited must not run with a well-known token: its placeholders
+    fail the gateway's and worker's minimum lengths (start-up error naming the variable)."""
+    from gateway.settings import Settings, SettingsError
+
+    (secret,) = by_kind("Secret")
+    data = secret["stringData"]
+    with pytest.raises(SettingsError, match="KVGATE_WORKER_TOKEN"):
+        Settings.from_env({"KVGATE_WORKER_TOKEN": data["KVGATE_WORKER_TOKEN"]})
+    with pytest.raises(SettingsError, match="KVGATE_ADMIN_TOKEN"):
+        Settings.from_env({"KVGATE_ADMIN_TOKEN": data["KVGATE_ADMIN_TOKEN"]})
+
+
+def test_compose_publishes_only_the_api_and_needs_a_generated_worker_token() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    for name, svc in services.items():
+        for port in svc.get("ports", []):
+            if name == "gateway":
+                assert port == "8000:8000"  # the API only: never the metrics port
+            else:  # monitoring UIs show every tenant's series: the host's loopback only
+                assert port.startswith("127.0.0.1:"), (name, port)
+    workers = [n for n, s in services.items() if s.get("command", [None])[0] == "worker"]
+    for w in workers:
+        assert "ports" not in services[w]
+        token = services[w]["environment"]["KVGATE_WORKER_TOKEN"]
+        assert re.fullmatch(r"\$\{KVGATE_WORKER_TOKEN:\?[^}]+\}", token), token  # no default

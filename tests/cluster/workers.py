@@ -12,7 +12,7 @@ from gateway.cluster.engine import ClusterEngine
 from gateway.cluster.loadstats import LoadStats
 from gateway.cluster.local import LocalWorker
 
-TOKEN = "test-worker-token-0123456789"
+TOKEN = "test-worker-token-0123456789abcdef"  # KVGATE_WORKER_TOKEN: 32+ characters
 KV_CACHE_BYTES = 8 << 20  # demo model: 128 blocks of 16 tokens; pin budget 64 blocks
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tenants.errors import InvalidField
 from tenants.schemas import KeyCreate, LimitsIn, TenantCreate, TenantPatch, parse
 
-ALPHABET = string.ascii_lowercase + string.digits + "-" + "A_ ."
+ALPHABET = string.ascii_lowercase + string.digits + "-" + "A_ .\n"
 SLUG_CHARS = set(string.ascii_lowercase + string.digits + "-")
 
 
