@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "gateway": ("bench.gateway", "gateway + limiter overhead vs AsyncEngine directly"),
     "cluster": ("bench.cluster", "tenant placement over worker processes vs round-robin, hash"),
     "tiers": ("bench.tiers", "host KV tier vs none, restore vs recompute, warm start from disk"),
+    "bounds": ("bench.bounds", "largest allowed requests: logprobs memory, stop and n loop cost"),
 }
 
 

@@ -32,8 +32,9 @@ KEY_CHANGES: tuple[str, ...] = ("created", "revoked", "limits")
 # Which settings an ``updated`` event changed. Listeners act on each group alone:
 #   status   the tenant's status (the event's ``status`` says which)
 #   profile  display fields (name): refuses nothing
-#   policy   what traffic is accepted (allow_client_system, the widget's require_session and
-#            allow_client_system): may refuse traffic, and the event does not say how
+#   policy   what traffic is accepted (allow_client_system, the widget's require_session,
+#            allow_client_system and max_choices): may refuse traffic, and the event does not
+#            say how
 #   widget   widget look and per-visitor limits: refuses nothing
 #   secret   the widget session secret (created or rotated): tokens signed before stop verifying
 SettingGroup = Literal["status", "profile", "policy", "widget", "secret"]

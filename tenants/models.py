@@ -91,6 +91,8 @@ class Tenant(Base):
     widget_require_session: Mapped[bool] = mapped_column(Boolean, default=False)
     widget_session_secret: Mapped[str | None] = mapped_column(String(64), nullable=True)
     widget_allow_client_system: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The most choices (n) of one widget chat request (migrations/versions/0003_*).
+    widget_max_choices: Mapped[int] = mapped_column(Integer, default=1)
     # Limits per end user of widget traffic (NULL: the gateway default).
     visitor_rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     visitor_tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)

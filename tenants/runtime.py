@@ -32,6 +32,7 @@ class WidgetPolicy:
 
     require_session: bool = False  # bare widget keys are refused; session tokens only
     allow_client_system: bool = False  # widget traffic may send system/developer messages
+    max_choices: int = 1  # the most choices (n) one widget chat request may ask for
     session_secret: str | None = field(default=None, repr=False)  # HMAC key of session tokens
     title: str | None = None
     greeting: str | None = None
@@ -116,6 +117,7 @@ def _runtime(tenant: Tenant, prompt_text: str | None, defaults: Limits) -> Tenan
         widget=WidgetPolicy(
             require_session=tenant.widget_require_session,
             allow_client_system=tenant.widget_allow_client_system,
+            max_choices=tenant.widget_max_choices,
             session_secret=tenant.widget_session_secret,
             title=tenant.widget_title,
             greeting=tenant.widget_greeting,

@@ -30,6 +30,7 @@ TENANT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,61}[a-z0-9]$")
 MAX_PROMPT_CHARS = 200_000
 # Limits are INTEGER columns: a larger value would fail in the database, not in validation.
 MAX_LIMIT = 2**31 - 1
+MAX_WIDGET_CHOICES = 128  # the chat API's own bound on n
 ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 
 
@@ -135,6 +136,12 @@ class WidgetSettingsIn(_In):
     accent: str | None = None
     require_session: bool = False
     allow_client_system: bool = False
+    max_choices: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_WIDGET_CHOICES,
+        description="the most choices (n) one widget chat request may ask for",
+    )
     visitor_limits: VisitorLimitsIn | None = None
 
     @field_validator("accent")
@@ -211,6 +218,7 @@ class WidgetSettingsOut(_Out):
     accent: str | None
     require_session: bool
     allow_client_system: bool
+    max_choices: int
     visitor_limits: VisitorLimitsOut
     session_secret_set: bool
 

@@ -30,6 +30,7 @@ SETTING_COLUMNS = {
     "accent": "widget_accent",
     "require_session": "widget_require_session",
     "allow_client_system": "widget_allow_client_system",
+    "max_choices": "widget_max_choices",
 }
 VISITOR_COLUMNS = {
     "rpm": "visitor_rpm",
@@ -37,7 +38,10 @@ VISITOR_COLUMNS = {
     "max_concurrency": "visitor_max_concurrency",
 }
 
-POLICY_COLUMNS = frozenset({"widget_require_session", "widget_allow_client_system"})
+# A lower max_choices refuses requests that were served: a policy change too.
+POLICY_COLUMNS = frozenset(
+    {"widget_require_session", "widget_allow_client_system", "widget_max_choices"}
+)
 
 
 def new_session_secret() -> str:
@@ -51,6 +55,7 @@ def widget_out(tenant: Tenant) -> WidgetSettingsOut:
         accent=tenant.widget_accent,
         require_session=tenant.widget_require_session,
         allow_client_system=tenant.widget_allow_client_system,
+        max_choices=tenant.widget_max_choices,
         visitor_limits=VisitorLimitsOut(
             rpm=tenant.visitor_rpm,
             tpm=tenant.visitor_tpm,

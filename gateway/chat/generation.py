@@ -1,14 +1,14 @@
 """One engine request seen as text: token deltas -> text deltas, stop strings, final usage.
 
-Stop strings are checked on decoded text. To never emit a stop string's beginning before knowing
-whether it completes, the last ``max(len(stop)) - 1`` characters are held back::
-
-    decoded so far:  | emitted ............ | held back (< longest stop) |
-    a stop found at i: emit text[:i], finish "stop", abort the engine request at once
+Stop strings are checked on decoded text, incrementally (``stops.StopMatcher``: the tail that
+may begin a stop string is held back); a stop found ends the choice ("stop") and aborts its
+engine request at once.
 
 Logprobs (when asked) travel with the text: each emitted piece carries the entries of the tokens
 consumed since the previous piece. The token that ended a request in the engine (EOS or a stop
-token) is not part of the answer, so its entry is dropped, as OpenAI does.
+token) is not part of the answer, so its entry is dropped, as OpenAI does. A streamed choice
+keeps only the entries not yet sent; a non-streamed one keeps them all for the answer (bounded
+per request: gateway/chat/bounds.py).
 
 ``n`` choices of one prompt (``ChoiceGroup``) are ``n`` ordinary engine requests in the same
 namespace and cache scope (one end user), submitted together: the prefix cache gives them the
@@ -30,32 +30,7 @@ from engine.kv import CacheScope
 from engine.model.tokenizer import IncrementalDetokenizer
 from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from engine.params import SamplingParams
-
-
-class StopMatcher:
-    def __init__(self, stops: Sequence[str]) -> None:
-        self._stops = tuple(stops)
-        self._hold = max((len(s) for s in self._stops), default=1) - 1
-        self._buffer = ""
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        """Text that is safe to emit now, and whether a stop string was reached."""
-        buf = self._buffer + text
-        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
-        if hits:
-            self._buffer = ""
-            return buf[: min(hits)], True
-        cut = max(0, len(buf) - self._hold)
-        self._buffer = buf[cut:]
-        return buf[:cut], False
-
-    def flush(self) -> str:
-        out, self._buffer = self._buffer, ""
-        return out
-
-    @property
-    def active(self) -> bool:
-        return bool(self._stops)
+from gateway.chat.stops import StopMatcher
 
 
 @dataclass
@@ -107,9 +82,10 @@ class Generation:
         request_id: str,
         stops: Sequence[str] = (),
         index: int = 0,
-        on_update: Callable[[], None] | None = None,
+        on_update: Callable[[Generation], None] | None = None,
         interim: bool = True,
         cache_scope: CacheScope | None = None,
+        keep_logprobs: bool = True,
     ) -> None:
         self.index = index
         # False: a non-streaming answer without stop strings needs the first output (admission,
@@ -127,8 +103,11 @@ class Generation:
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
         self._stream: AsyncIterator[RequestOutput] | None = None
         self._first: RequestOutput | None = None
-        self.logprobs: list[TokenLogprob] = []  # every answer token's entry so far, if asked
-        self._unsent = 0  # entries of self.logprobs not yet attached to a piece
+        # Entries of the answer's tokens, if asked: ``logprobs`` all of them (non-streamed
+        # answers only: ``keep_logprobs``), ``_unsent`` those not yet attached to a piece.
+        self._keep_logprobs = keep_logprobs
+        self.logprobs: list[TokenLogprob] = []
+        self._unsent: list[TokenLogprob] = []
 
     async def start(self) -> None:
         """Submit and wait for the first output, so admission errors (prompt too long, engine
@@ -175,14 +154,14 @@ class Generation:
         if self.stats.finish_reason == "stop_string":
             self.stats.finish_reason = "stop"
             if self._on_update is not None:
-                self._on_update()
+                self._on_update(self)
         yield Piece(self.index, "", (), self.stats.finish_reason or "stop")
 
     def _take_logprobs(self) -> tuple[TokenLogprob, ...]:
         if not self._unsent:
             return ()
-        taken = tuple(self.logprobs[len(self.logprobs) - self._unsent :])
-        self._unsent = 0
+        taken = tuple(self._unsent)
+        self._unsent.clear()
         return taken
 
     async def full_text(self) -> str:
@@ -224,10 +203,11 @@ class Generation:
             entries = out.new_logprobs
             if out.finished and out.finish_reason == "stop":
                 entries = entries[:-1]  # the EOS / stop token is not part of the answer
-            self.logprobs.extend(entries)
-            self._unsent += len(entries)
+            if self._keep_logprobs:
+                self.logprobs.extend(entries)
+            self._unsent.extend(entries)
         if self._on_update is not None:
-            self._on_update()
+            self._on_update(self)
 
     def _consume(self, out: RequestOutput, detok: Any) -> tuple[str, bool]:
         self._record(out)
@@ -245,7 +225,7 @@ class Generation:
             self.stats.first_token_at = now
         self.stats.last_token_at = now
         if self._on_update is not None:
-            self._on_update()
+            self._on_update(self)
 
     async def close(self) -> None:
         stream, self._stream = self._stream, None
@@ -295,25 +275,36 @@ class ChoiceGroup:
                 on_update=on_update,
                 interim=streamed,
                 cache_scope=cache_scope,
+                keep_logprobs=not streamed,  # a stream sends each entry once, then drops it
             )
             for i in range(n)
         ]
+        self._counted = [0] * n  # completion tokens of each choice already in ``stats``
         self.stats = (
             GenerationStats(prompt_tokens=len(prompt_ids)) if n > 1 else self.choices[0].stats
         )
         self.wants_logprobs = params.logprobs is not None
 
-    def _refresh(self) -> None:
-        s, first = self.stats, self.choices[0].stats
-        all_stats = [c.stats for c in self.choices]
-        s.completion_tokens = sum(c.completion_tokens for c in all_stats)
-        s.cached_tokens = first.cached_tokens
-        s.finish_reason = first.finish_reason
-        s.engine_metrics = first.engine_metrics
-        firsts = [c.first_token_at for c in all_stats if c.first_token_at is not None]
-        lasts = [c.last_token_at for c in all_stats if c.last_token_at is not None]
-        s.first_token_at = min(firsts, default=None)
-        s.last_token_at = max(lasts, default=None)
+    def _refresh(self, choice: Generation) -> None:
+        """Fold one choice's change into the sums in O(1) (every choice reports every step:
+        recomputing over all n choices each time would cost O(n^2) per engine step). Exact
+        because a choice's completion tokens only grow, its first token time is set once and
+        its last token time only moves forward."""
+        s, c = self.stats, choice.stats
+        s.completion_tokens += c.completion_tokens - self._counted[choice.index]
+        self._counted[choice.index] = c.completion_tokens
+        if choice.index == 0:
+            s.cached_tokens = c.cached_tokens
+            s.finish_reason = c.finish_reason
+            s.engine_metrics = c.engine_metrics
+        if c.first_token_at is not None and (
+            s.first_token_at is None or c.first_token_at < s.first_token_at
+        ):
+            s.first_token_at = c.first_token_at
+        if c.last_token_at is not None and (
+            s.last_token_at is None or c.last_token_at > s.last_token_at
+        ):
+            s.last_token_at = c.last_token_at
 
     async def start(self) -> None:
         """Submit every choice at once (one engine step can admit them all) and wait for each

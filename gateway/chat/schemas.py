@@ -7,7 +7,8 @@ document lists them, and refused with a 400 naming the parameter when their valu
 the answer (tools, function calling, JSON / schema output, audio, predicted outputs, reasoning
 effort, stored completions); the rest (``metadata``, ``service_tier``, ``parallel_tool_calls``)
 are accepted and have no effect. ``top_k``, ``min_p`` and ``repetition_penalty`` are kvgate
-extensions (vLLM's names).
+extensions (vLLM's names). The size bounds of a request (stop strings, logit bias, seed,
+logprobs) are in ``gateway/chat/bounds.py``.
 """
 
 from __future__ import annotations
@@ -17,11 +18,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gateway.chat.bounds import (
+    MAX_CHOICES,
+    MAX_LOGIT_BIAS,
+    MAX_STOP_CHARS,
+    MAX_STOP_SEQUENCES,
+    MAX_TOP_LOGPROBS,
+    SEED_MAX,
+    SEED_MIN,
+    parse_token_id,
+)
 from gateway.errors import ApiError
-
-MAX_CHOICES = 128
-MAX_TOP_LOGPROBS = 20
-MAX_STOP_SEQUENCES = 4
 
 
 class TextPart(BaseModel):
@@ -71,12 +78,17 @@ class ChatRequest(BaseModel):
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: str | list[str] | None = Field(
+        default=None,
+        description=f"up to {MAX_STOP_SEQUENCES} sequences of 1..{MAX_STOP_CHARS} characters",
+    )
+    seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: dict[str, float] | None = Field(
-        default=None, description="token id (as a string) -> bias in [-100, 100]"
+        default=None,
+        description=f"token id (as a string) -> bias in [-100, 100]; at most {MAX_LOGIT_BIAS}",
+        json_schema_extra={"maxProperties": MAX_LOGIT_BIAS},
     )
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
@@ -118,7 +130,19 @@ class ChatRequest(BaseModel):
             )
         if any(s == "" for s in items):
             raise ValueError("stop sequences must not be empty")
+        longest = max((len(s) for s in items), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise ValueError(
+                f"a stop sequence may have at most {MAX_STOP_CHARS} characters, got {longest}"
+            )
         return stop
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_bias_size(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        if bias is not None and len(bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries are allowed, got {len(bias)}")
+        return bias
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -145,8 +169,14 @@ class ChatRequest(BaseModel):
 
     @property
     def bias(self) -> tuple[tuple[int, float], ...]:
-        """``logit_bias`` with integer keys (checked by ``check_semantics``)."""
-        return tuple((int(k), v) for k, v in (self.logit_bias or {}).items())
+        """``logit_bias`` with integer keys (checked by ``check_semantics``), one entry per
+        token ("5" and "05" name one token: the later entry wins, as for repeated JSON keys)."""
+        out: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            token = parse_token_id(key)
+            assert token is not None, "logit_bias keys are checked by check_semantics"
+            out[token] = value
+        return tuple(out.items())
 
 
 def parse_chat_request(body: bytes) -> ChatRequest:
@@ -213,7 +243,8 @@ def check_semantics(req: ChatRequest) -> None:
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     for key, bias in (req.logit_bias or {}).items():
-        if not key.isascii() or not key.isdigit():
+        token = parse_token_id(key)
+        if token is None:
             raise ApiError(
                 400,
                 f"invalid key in logit_bias: {key[:32]!r}; keys are token ids as strings",
@@ -222,7 +253,7 @@ def check_semantics(req: ChatRequest) -> None:
         if not -100.0 <= bias <= 100.0:
             raise ApiError(
                 400,
-                f"invalid value in logit_bias for token {key}: {bias}; must be in [-100, 100]",
+                f"invalid value in logit_bias for token {token}: {bias}; must be in [-100, 100]",
                 param="logit_bias",
             )
 

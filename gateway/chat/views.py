@@ -3,8 +3,9 @@
 Order of checks (each failure is an OpenAI-shaped error; nothing reaches the engine before the
 limiter admitted it)::
 
-    key (401/403) -> body (400) -> model (404) -> client system policy (400) -> prompt assembly
-    -> context length (400) -> rate limit (429 + headers) -> engine -> JSON or SSE
+    key (401/403) -> body (400) -> model (404) -> client system policy, widget n (400)
+    -> prompt assembly -> context length, logprobs size (400) -> rate limit (429 + headers;
+    400 for n above a concurrency limit) -> engine -> JSON or SSE
 
 The lease, TPM reservation and pin reference are given back in ``finally`` blocks, which also
 run when aiohttp cancels the handler because the client went away (handler cancellation is on),
@@ -21,6 +22,7 @@ from aiohttp import web
 
 from engine.params import SamplingParams
 from gateway.auth import Principal
+from gateway.chat.bounds import check_choices, check_logprobs_size, too_wide_error
 from gateway.chat.cache_scope import request_cache_scope
 from gateway.chat.generation import ChoiceGroup, GenerationStats, Piece
 from gateway.chat.logprobs import LogprobFormatter
@@ -41,6 +43,7 @@ from gateway.errors import REQUEST_ID, TENANT, ApiError, new_request_id, to_api_
 from gateway.pins import PromptEntry
 from gateway.ratelimit import Decision, Lease, Scope
 from gateway.ratelimit.scopes import VisitorDefaults, admission_scopes, client_address
+from gateway.ratelimit.types import REASON_TOO_WIDE
 from gateway.settings import ModelSettings
 from tenants.runtime import TenantRuntime
 
@@ -76,6 +79,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             )
         check_client_system(
             body.messages, principal.allow_client_system, widget=principal.is_widget
+        )
+        check_choices(
+            body.num_choices,
+            widget=principal.is_widget,
+            max_choices=principal.runtime.widget.max_choices,
         )
     except Exception as exc:
         # Refused before a request span exists (bad key or body, body too large, database
@@ -153,12 +161,17 @@ async def _serve(
             body, rt, n_prompt, state.engine.max_model_len, settings.model.default_max_tokens
         )
         obs.set_max_tokens(max_tokens)
+        if not body.stream:
+            check_logprobs_size(body.num_choices, max_tokens, body.num_logprobs)
         params = sampling_params(body, max_tokens, settings.model, state.tokenizer.vocab_size)
-        # n choices: the prompt once, up to max_tokens for each choice
+        # n choices: the prompt once (the engine prefills it once, the choices share its KV
+        # blocks, and usage reports it once), up to max_tokens for each choice; and n
+        # concurrency slots, one per engine request.
         reserve = n_prompt + body.num_choices * max_tokens
         # The lease exists before the admission call, so ``finally`` gives back whatever that
         # call took, even when it never answered (timeout, disconnect).
-        lease = Lease.new(rt.tenant_id, _scopes(request, principal), reserve)
+        scopes = _scopes(request, principal)
+        lease = Lease.new(rt.tenant_id, scopes, reserve, slots=body.num_choices)
         decision = await _admit(state, lease, obs)
         headers = {**decision.headers(), "x-request-id": rid}
         gen = ChoiceGroup(
@@ -289,6 +302,9 @@ async def _admit(state: GatewayState, lease: Lease, obs: RequestObserver) -> Dec
     if decision.allowed:
         return decision
     obs.rejected(decision.reason or "unknown", decision.scope or "tenant")
+    if decision.reason == REASON_TOO_WIDE:  # n above max_concurrency: never admissible
+        limit = next(s.limits for s in lease.scopes if s.kind == decision.scope)
+        raise too_wide_error(lease.slots, decision.scope or "tenant", limit.max_concurrency)
     raise rate_limit_error(decision)
 
 

@@ -6,6 +6,9 @@ reported (debts, this replica's leases) that takes over while Redis is unreachab
 admission is made with this replica's ``share`` of every limit: a request costs ``1 / share``
 of its global cost against the global debt, concurrency is capped at ``share`` of the limit, so
 N replicas with share 1/N together admit what the shared limiter would have (see failover.py).
+A lease of ``slots`` takes that many of a scope's concurrency; wider than the whole limit it is
+never admissible (as in the script); wider than this replica's share only, it is admitted when
+the scope holds nothing else here (a lone request that fits the limit is never refused forever).
 Decisions are atomic because nothing here awaits between reading and writing state.
 """
 
@@ -22,6 +25,7 @@ from gateway.ratelimit.types import (
     REASON_REQUESTS,
     REASON_TOKENS,
     REASON_TOO_LARGE,
+    REASON_TOO_WIDE,
     Decision,
     Lease,
     Quota,
@@ -34,6 +38,7 @@ HOLD_WEIGHT = 0.2  # weight of the newest hold time in the running mean
 HOLD_KEEP_MS = 600_000.0  # a scope's mean hold time is forgotten after 10 min without leases
 SWEEP_EVERY = 1024  # admissions between sweeps of state that ran out (visitors come and go)
 Charge = tuple[float, float, float, float]  # new RPM TAT, new TPM TAT, current RPM, current TPM
+LeaseTable = dict[str, tuple[float, int]]  # lease id -> (expiry ms, slots)
 
 
 def _now_ms() -> float:
@@ -52,7 +57,7 @@ class MemoryLimiter:
         self._clock = clock
         # (scope, "rpm"|"tpm") -> (TAT ms, the limit it was computed for)
         self._tat: dict[tuple[ScopeKey, str], tuple[float, int]] = {}
-        self._leases: dict[ScopeKey, dict[str, float]] = {}  # scope -> lease id -> expiry ms
+        self._leases: dict[ScopeKey, LeaseTable] = {}  # scope -> lease id -> (expiry ms, slots)
         self._hold: dict[ScopeKey, tuple[float, float]] = {}  # scope -> (mean hold ms, when)
         self._until_sweep = SWEEP_EVERY
         self.book = LeaseBook(clock=lambda: self._clock() / 1000.0)
@@ -98,7 +103,7 @@ class MemoryLimiter:
         ]
         reason, at, retry = _first_rejection(charges, lease, now)
         if reason is None:
-            reason, at, retry = self._concurrency(keys, lease.scopes, share, now)
+            reason, at, retry = self._concurrency(keys, lease, share, now)
         if reason is None:
             self._take(keys, lease, charges, now)
             self.book.admitted(lease, 1.0 / share)
@@ -114,7 +119,7 @@ class MemoryLimiter:
                 self._store((key, "rpm"), charge[0], scope.limits.rpm, now)
             if scope.limits.tpm:
                 self._store((key, "tpm"), charge[1], scope.limits.tpm, now)
-            self._leases.setdefault(key, {})[lease.lease_id] = now + self._ttl_ms
+            self._leases.setdefault(key, {})[lease.lease_id] = (now + self._ttl_ms, lease.slots)
 
     def _charge(self, key: ScopeKey, scope: Scope, tokens: int, share: float, now: float) -> Charge:
         lim = scope.limits
@@ -125,19 +130,19 @@ class MemoryLimiter:
         return rpm_new, tpm_new, rpm_tat, tpm_tat
 
     def _concurrency(
-        self, keys: list[ScopeKey], scopes: tuple[Scope, ...], share: float, now: float
+        self, keys: list[ScopeKey], lease: Lease, share: float, now: float
     ) -> tuple[str | None, int | None, float]:
-        for i, (key, scope) in enumerate(zip(keys, scopes, strict=True)):
+        for i, (key, scope) in enumerate(zip(keys, lease.scopes, strict=True)):
             leases = self._leases.get(key)
             conc = scope.limits.share(share).max_concurrency
             if leases is None or not conc:
                 continue
-            for lease_id in [k for k, exp in leases.items() if exp <= now]:
+            for lease_id in [k for k, (exp, _) in leases.items() if exp <= now]:
                 del leases[lease_id]
             if not leases:
                 del self._leases[key]
-            elif len(leases) >= conc:
-                retry = min(leases.values()) - now
+            elif sum(slots for _, slots in leases.values()) + min(lease.slots, conc) > conc:
+                retry = min(exp for exp, _ in leases.values()) - now
                 return REASON_CONCURRENCY, i, min(retry, self._hold.get(key, (retry, 0))[0])
         return None, None, 0.0
 
@@ -174,7 +179,7 @@ class MemoryLimiter:
         for key in [k for k, (_, when) in self._hold.items() if now - when > HOLD_KEEP_MS]:
             del self._hold[key]
         for key, leases in list(self._leases.items()):
-            for lease_id in [k for k, exp in leases.items() if exp <= now]:
+            for lease_id in [k for k, (exp, _) in leases.items() if exp <= now]:
                 del leases[lease_id]
             if not leases:
                 del self._leases[key]
@@ -188,7 +193,7 @@ class MemoryLimiter:
         now = self._clock()
         for scope in lease.scopes:
             key = scope_key(lease.tenant, scope)
-            self._leases.setdefault(key, {})[lease.lease_id] = now + self._ttl_ms
+            self._leases.setdefault(key, {})[lease.lease_id] = (now + self._ttl_ms, lease.slots)
         self.book.admitted(lease)
 
     async def renew(self, leases: list[Lease]) -> None:
@@ -197,12 +202,13 @@ class MemoryLimiter:
             for scope in lease.scopes:
                 held = self._leases.get(scope_key(lease.tenant, scope))
                 if held is not None and lease.lease_id in held:
-                    held[lease.lease_id] = expiry
+                    held[lease.lease_id] = (expiry, lease.slots)
 
     def active_leases(self, tenant: str, kind: str = "tenant", scope_id: str | None = None) -> int:
+        """Concurrency slots held in the scope (a lease of n slots counts n)."""
         now = self._clock()
         held = self._leases.get((tenant, kind, tenant if scope_id is None else scope_id), {})
-        return sum(1 for exp in held.values() if exp > now)
+        return sum(slots for exp, slots in held.values() if exp > now)
 
     def check_integrity(self) -> None:
         for (key, dim), (tat, limit) in self._tat.items():
@@ -210,8 +216,8 @@ class MemoryLimiter:
             assert tat == tat and tat >= 0 and limit > 0, f"bad TAT {tat}/{limit} for {key}/{dim}"
         for key, leases in self._leases.items():
             assert leases, f"empty lease table kept for {key}"
-            for lease_id, expiry in leases.items():
-                assert lease_id and expiry > 0, f"bad lease {lease_id!r} of {key}"
+            for lease_id, (expiry, slots) in leases.items():
+                assert lease_id and expiry > 0 and slots >= 1, f"bad lease {lease_id!r} of {key}"
         self.book.check_integrity()
 
     async def close(self) -> None:
@@ -221,12 +227,15 @@ class MemoryLimiter:
 def _first_rejection(
     charges: list[Charge], lease: Lease, now: float
 ) -> tuple[str | None, int | None, float]:
-    """Too large anywhere wins (never admissible); else the first RPM / TPM overrun."""
+    """Too large or too wide anywhere wins (never admissible); else the first RPM / TPM
+    overrun."""
     first: tuple[str | None, int | None, float] = (None, None, 0.0)
     for i, (scope, (rpm_new, tpm_new, _, _)) in enumerate(zip(lease.scopes, charges, strict=True)):
         lim = scope.limits
         if lim.tpm and lease.reserved_tokens > lim.tpm:
             return REASON_TOO_LARGE, i, -1.0
+        if lease.wider_than(scope):
+            return REASON_TOO_WIDE, i, -1.0
         if first[0] is not None:
             continue
         if lim.rpm and rpm_new - now > PERIOD_MS:

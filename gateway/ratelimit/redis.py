@@ -8,7 +8,8 @@ layer); ``client`` serves everything else (script load, ping, inspection).
 
 Keys, all under the tenant's hash tag (one cluster slot, so one script may touch them all)::
 
-    {prefix}rl:{tenant}:rpm | :tpm | :leases | :hold          the tenant scope
+    {prefix}rl:{tenant}:rpm | :tpm | :leases | :hold          the tenant scope (:leases: one
+                                                              member per slot of each lease)
     {prefix}rl:{tenant}:key:<key id>:rpm | ...                a key with limits of its own
     {prefix}rl:{tenant}:visitor:<visitor hash>:rpm | ...      a widget visitor
     {prefix}rl:{tenant}:gone:<lease id>                       tombstone of a lease in doubt
@@ -83,7 +84,7 @@ class RedisLimiter:
         self.renewer.ensure_running()
         hints = self.hints(lease) if self.hints is not None else None
         args: list[object] = ["acquire", lease.lease_id, self._ttl_ms, lease.reserved_tokens]
-        args.append(len(lease.scopes))
+        args += [lease.slots, len(lease.scopes)]
         for i, scope in enumerate(lease.scopes):
             lim = scope.limits
             rpm_hint, tpm_hint = hints[i] if hints else (0, 0)
@@ -104,7 +105,7 @@ class RedisLimiter:
         self, lease: Lease, used_tokens: int, held_ms: float, *, doubt: bool
     ) -> None:
         args: list[object] = ["release", lease.lease_id, used_tokens, lease.reserved_tokens]
-        args += [int(held_ms), int(doubt), self._ttl_ms, len(lease.scopes)]
+        args += [int(held_ms), int(doubt), self._ttl_ms, lease.slots, len(lease.scopes)]
         for scope in lease.scopes:
             args += [scope.limits.rpm, scope.limits.tpm, scope.limits.max_concurrency]
         await self._calls.run(self.keys(lease), args)
@@ -120,7 +121,7 @@ class RedisLimiter:
             for lease in group:
                 for scope in lease.scopes:
                     key = f"{self.scope_base(tenant, scope)}:leases"
-                    args += [index.setdefault(key, len(index) + 1), lease.lease_id]
+                    args += [index.setdefault(key, len(index) + 1), lease.lease_id, lease.slots]
             await self._calls.run(list(index), args)
 
     async def heartbeat(self, window_ms: int) -> int:
@@ -129,6 +130,7 @@ class RedisLimiter:
         return int(await self._calls.run([key], ["beat", self.replica_id, window_ms]))
 
     async def active_leases(self, tenant: str, scope: Scope | None = None) -> int:
+        """Concurrency slots held in the scope (a lease of n slots counts n)."""
         base = self.scope_base(tenant, scope or Scope(SCOPE_TENANT, tenant, Limits()))
         return int(await self.client.zcard(f"{base}:leases"))
 

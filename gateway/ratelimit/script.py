@@ -9,12 +9,16 @@ GCRA_LUA = r"""
 --
 -- mode "acquire" / "release":
 --   KEYS[1] tombstone of this lease id; then per scope i (0-based) KEYS[2+4i ..]: RPM TAT,
---   TPM TAT, lease ZSET (member = lease id, score = expiry ms), mean lease hold time (ms)
---   acquire ARGV: mode, lease id, lease ttl ms, tokens, n, then per scope:
+--   TPM TAT, lease ZSET (score = expiry ms), mean lease hold time (ms)
+--   acquire ARGV: mode, lease id, lease ttl ms, tokens, slots, n, then per scope:
 --                 rpm, tpm, max_concurrency (0 = unlimited), rpm hint ms, tpm hint ms
 --   release ARGV: mode, lease id, used tokens, reserved tokens, held ms, uncertain (0|1),
---                 lease ttl ms, n, then per scope: rpm, tpm, max_concurrency
--- mode "renew":  KEYS = lease ZSETs; ARGV: mode, ttl ms, then (key index, lease id) pairs
+--                 lease ttl ms, slots, n, then per scope: rpm, tpm, max_concurrency
+-- mode "renew":  KEYS = lease ZSETs; ARGV: mode, ttl ms, then (key index, lease id, slots)
+--
+-- A lease of s slots is s members of each lease ZSET: the lease id, then "id:1" .. "id:s-1",
+-- all with the same expiry; so ZCARD is the slots held, and expiry, renewal and release treat
+-- the members together. s above a scope's max_concurrency is never admissible (reason 5).
 -- mode "beat":   KEYS[1] replica ZSET; ARGV: mode, replica id, window ms -> live replicas
 --
 -- GCRA per dimension with limit L over PERIOD: emission interval T = PERIOD / L, tolerance
@@ -32,12 +36,29 @@ GCRA_LUA = r"""
 --
 -- acquire returns "allowed reason scope retry_ms" then per scope "rpm_remaining rpm_reset_ms
 -- tpm_remaining tpm_reset_ms" (integers in one string: one bulk reply reads faster than an
--- array); reason 0 ok, 1 requests, 2 tokens, 3 concurrency, 4 too large; scope is the 1-based
--- rejecting scope, 0 when admitted.
+-- array); reason 0 ok, 1 requests, 2 tokens, 3 concurrency, 4 too large, 5 too wide; scope is
+-- the 1-based rejecting scope, 0 when admitted. Never admissible (4, 5) wins over the rest: the
+-- first scope that is so is named.
 local PERIOD = 60000.0
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000.0 + math.floor(tonumber(t[2]) / 1000)
 local mode = ARGV[1]
+
+local function members(id, slots)
+  local m = {id}
+  for j = 1, slots - 1 do m[#m + 1] = id .. ':' .. j end
+  return m
+end
+
+local function add_members(key, score, id, slots, flag)
+  local args = {}
+  if flag then args[1] = flag end
+  for _, m in ipairs(members(id, slots)) do
+    args[#args + 1] = score
+    args[#args + 1] = m
+  end
+  redis.call('ZADD', key, unpack(args))
+end
 
 if mode == 'beat' then
   redis.call('ZADD', KEYS[1], now, ARGV[2])
@@ -48,8 +69,8 @@ end
 
 if mode == 'renew' then
   local ttl = tonumber(ARGV[2])
-  for i = 3, #ARGV, 2 do
-    redis.call('ZADD', KEYS[tonumber(ARGV[i])], 'XX', now + ttl, ARGV[i + 1])
+  for i = 3, #ARGV, 3 do
+    add_members(KEYS[tonumber(ARGV[i])], now + ttl, ARGV[i + 1], tonumber(ARGV[i + 2]), 'XX')
   end
   for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], math.ceil(ttl) + 1000) end
   return 1
@@ -89,11 +110,11 @@ local id = ARGV[2]
 
 if mode == 'release' then
   local used, reserved, held = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-  local n = tonumber(ARGV[8])
+  local slots, n = tonumber(ARGV[8]), tonumber(ARGV[9])
   for i = 0, n - 1 do
-    local k, a = 2 + 4 * i, 9 + 3 * i
+    local k, a = 2 + 4 * i, 10 + 3 * i
     local tpm, conc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-    local removed = redis.call('ZREM', KEYS[k + 2], id)
+    local removed = math.min(1, redis.call('ZREM', KEYS[k + 2], unpack(members(id, slots))))
     if i == 0 and removed == 0 and ARGV[6] == '1' then
       redis.call('SET', KEYS[1], '1', 'PX', math.ceil(tonumber(ARGV[7])) + 1000)
     end
@@ -111,15 +132,16 @@ if mode == 'release' then
 end
 
 -- acquire
-local ttl, tokens, n = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local ttl, tokens = tonumber(ARGV[3]), tonumber(ARGV[4])
+local slots, n = tonumber(ARGV[5]), tonumber(ARGV[6])
 local gone = redis.call('EXISTS', KEYS[1]) == 1
 local again = n > 0 and redis.call('ZSCORE', KEYS[4], id) ~= false
 local reason, at, retry = 0, 0, 0
 if gone then reason, at = 3, 1 end  -- released while in doubt: never admit it now
 local rpm_tat, tpm_tat, rpm_new, tpm_new = {}, {}, {}, {}
 for i = 0, n - 1 do
-  local k, a = 2 + 4 * i, 6 + 5 * i
-  local rpm, tpm = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  local k, a = 2 + 4 * i, 7 + 5 * i
+  local rpm, tpm, conc = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   rpm_tat[i], tpm_tat[i], rpm_new[i], tpm_new[i] = now, now, now, now
   if rpm > 0 then
     rpm_tat[i] = load_tat(KEYS[k], rpm, tonumber(ARGV[a + 3]))
@@ -131,18 +153,21 @@ for i = 0, n - 1 do
   if tpm > 0 then
     tpm_tat[i] = load_tat(KEYS[k + 1], tpm, tonumber(ARGV[a + 4]))
     tpm_new[i] = tpm_tat[i] + tokens * (PERIOD / tpm)
-    if tokens > tpm and not again then reason, at, retry = 4, i + 1, -1
+    if tokens > tpm and not again and reason < 4 then reason, at, retry = 4, i + 1, -1
     elseif reason == 0 and not again and tpm_new[i] - now > PERIOD then
       reason, at, retry = 2, i + 1, tpm_new[i] - now - PERIOD
     end
   end
+  if conc > 0 and slots > conc and not again and reason < 4 then
+    reason, at, retry = 5, i + 1, -1
+  end
 end
 if reason == 0 and not again then
   for i = 0, n - 1 do
-    local k, conc = 2 + 4 * i, tonumber(ARGV[8 + 5 * i])
+    local k, conc = 2 + 4 * i, tonumber(ARGV[9 + 5 * i])
     if reason == 0 and conc > 0 then
       redis.call('ZREMRANGEBYSCORE', KEYS[k + 2], '-inf', now)
-      if redis.call('ZCARD', KEYS[k + 2]) >= conc then
+      if redis.call('ZCARD', KEYS[k + 2]) + slots > conc then
         local first = redis.call('ZRANGE', KEYS[k + 2], 0, 0, 'WITHSCORES')
         retry = tonumber(first[2]) - now
         local mean = redis.call('GET', KEYS[k + 3])
@@ -156,12 +181,12 @@ end
 local admit = reason == 0 and not again
 local out = {}
 for i = 0, n - 1 do
-  local k, a = 2 + 4 * i, 6 + 5 * i
+  local k, a = 2 + 4 * i, 7 + 5 * i
   local rpm, tpm = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   if admit then
     if rpm > 0 then store_tat(KEYS[k], rpm_new[i], rpm) end
     if tpm > 0 then store_tat(KEYS[k + 1], tpm_new[i], tpm) end
-    redis.call('ZADD', KEYS[k + 2], now + ttl, id)
+    add_members(KEYS[k + 2], now + ttl, id, slots, nil)
     redis.call('PEXPIRE', KEYS[k + 2], math.ceil(ttl) + 1000)
   else
     rpm_new[i], tpm_new[i] = rpm_tat[i], tpm_tat[i]

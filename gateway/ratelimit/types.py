@@ -7,7 +7,9 @@ the visitor of widget traffic), all in one atomic step. Each scope has three lim
     tokens per minute (TPM)     GCRA on tokens; admission reserves prompt + max output tokens,
                                 release reconciles with the real usage (refund or extra charge)
     concurrency                 leases with a short TTL, renewed while the request runs (a crashed
-                                replica's leases expire by themselves)
+                                replica's leases expire by themselves); a lease takes ``slots``
+                                of the limit (a request of n choices runs n engine requests:
+                                n slots), and one wider than the limit is never admissible
 
 A limit of 0 means unlimited; its dimension is skipped and reports no headers. A request is
 admitted only if every scope admits it; nothing is taken from any scope otherwise.
@@ -25,13 +27,22 @@ from dataclasses import dataclass
 from typing import Protocol
 
 PERIOD_MS = 60_000.0  # both RPM and TPM refill over one minute
+MAX_SLOTS = 1024  # concurrency slots one lease may take (a request's n is at most 128)
 
 # Reasons for a rejection, in the order the limiter checks them.
 REASON_REQUESTS = "requests"
 REASON_TOKENS = "tokens"
 REASON_CONCURRENCY = "concurrency"
 REASON_TOO_LARGE = "too_large"  # tokens of one request exceed the whole TPM: never admissible
-REASONS = (None, REASON_REQUESTS, REASON_TOKENS, REASON_CONCURRENCY, REASON_TOO_LARGE)
+REASON_TOO_WIDE = "too_wide"  # slots of one lease exceed max_concurrency: never admissible
+REASONS = (
+    None,
+    REASON_REQUESTS,
+    REASON_TOKENS,
+    REASON_CONCURRENCY,
+    REASON_TOO_LARGE,
+    REASON_TOO_WIDE,
+)
 
 # Scope kinds, outermost first (the order an admission lists them in).
 SCOPE_TENANT = "tenant"
@@ -77,22 +88,32 @@ class Lease:
     """One admission attempt: made before the call, released exactly once in ``finally``.
 
     Every scope of a lease lives under ``tenant`` (the Redis cluster hash tag), so one script
-    call checks and takes them all."""
+    call checks and takes them all. ``slots``: how much of each scope's ``max_concurrency`` the
+    lease holds (the engine requests it runs at once), taken and given back together."""
 
     tenant: str
     lease_id: str
     scopes: tuple[Scope, ...]
     reserved_tokens: int
+    slots: int = 1
+
+    def __post_init__(self) -> None:
+        assert 1 <= self.slots <= MAX_SLOTS, f"lease slots {self.slots} outside 1..{MAX_SLOTS}"
 
     @classmethod
-    def new(cls, tenant: str, scopes: tuple[Scope, ...], tokens: int) -> Lease:
+    def new(cls, tenant: str, scopes: tuple[Scope, ...], tokens: int, slots: int = 1) -> Lease:
         assert scopes and scopes[0].kind == SCOPE_TENANT, "the tenant scope comes first"
-        return cls(tenant, uuid.uuid4().hex, scopes, tokens)
+        return cls(tenant, uuid.uuid4().hex, scopes, tokens, slots)
 
     @classmethod
-    def single(cls, tenant: str, limits: Limits, tokens: int) -> Lease:
+    def single(cls, tenant: str, limits: Limits, tokens: int, slots: int = 1) -> Lease:
         """A lease with the tenant scope alone (tools, benchmarks)."""
-        return cls.new(tenant, (Scope(SCOPE_TENANT, tenant, limits),), tokens)
+        return cls.new(tenant, (Scope(SCOPE_TENANT, tenant, limits),), tokens, slots)
+
+    def wider_than(self, scope: Scope) -> bool:
+        """Whether this lease needs more slots than ``scope`` ever has (never admissible)."""
+        conc = scope.limits.max_concurrency
+        return conc > 0 and self.slots > conc
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 GET  /v1/tenants/{id}/widget                  the settings (the secret only as a flag)
 PUT  /v1/tenants/{id}/widget                  {title, greeting, accent, require_session,
-                                               allow_client_system, visitor_limits}
+                                               allow_client_system, max_choices,
+                                               visitor_limits}
 POST /v1/tenants/{id}/widget/rotate-secret    new session secret: every token is revoked
 """
 

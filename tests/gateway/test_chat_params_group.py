@@ -128,3 +128,44 @@ async def test_leaving_the_stream_early_closes_every_choice(tokenizer: Tokenizer
     await pieces.aclose()
     await group.close()
     assert sorted(engine.closed) == ["z", "z-1"]
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_a_stream_keeps_no_logprobs_once_sent(tokenizer: Tokenizer, streamed: bool) -> None:
+    """Streamed: each entry travels with its piece and is dropped; non-streamed: all are kept
+    for the answer."""
+    engine = _Engine(tokenizer, {3: "hello world", 4: "good morning"})
+    params = SamplingParams(max_tokens=20, seed=3, logprobs=0)
+    group = ChoiceGroup(
+        engine, tokenizer, [1], params, n=2, namespace="ns", request_id="s", streamed=streamed
+    )
+    await group.start()
+    want = {0: len(tokenizer.encode("hello world")), 1: len(tokenizer.encode("good morning"))}
+    if streamed:
+        sent: dict[int, int] = {}
+        async for piece in group.pieces():
+            sent[piece.index] = sent.get(piece.index, 0) + len(piece.logprobs)
+        assert sent == want
+        assert [len(c.logprobs) for c in group.choices] == [0, 0]
+    else:
+        results = await group.results()
+        assert {r.index: len(r.logprobs or ()) for r in results} == want
+
+
+async def test_group_stats_fold_every_update_exactly(tokenizer: Tokenizer) -> None:
+    """The O(1) fold of each choice's update gives what summing over all choices gives."""
+    engine = _Engine(tokenizer, {0: "a b c", 1: "d e f g h i", 2: "j"})
+    group = ChoiceGroup(
+        engine, tokenizer, [1, 2], SamplingParams(seed=0), n=3, namespace="ns", request_id="f"
+    )
+    await group.start()
+    async for _piece in group.pieces():
+        stats = [c.stats for c in group.choices]
+        s = group.stats
+        assert s.completion_tokens == sum(c.completion_tokens for c in stats)
+        firsts = [c.first_token_at for c in stats if c.first_token_at is not None]
+        lasts = [c.last_token_at for c in stats if c.last_token_at is not None]
+        assert s.first_token_at == min(firsts, default=None)
+        assert s.last_token_at == max(lasts, default=None)
+        first = stats[0]
+        assert (s.cached_tokens, s.finish_reason) == (first.cached_tokens, first.finish_reason)

@@ -224,3 +224,70 @@ async def test_state_of_visitors_that_left_is_forgotten() -> None:
     lim.check_integrity()
     assert lim.state_size() == 0
     await lim.close()
+
+
+async def test_a_lease_takes_its_slots_of_the_concurrency(limiter: Limiter) -> None:
+    """A request of n choices runs n engine requests: its lease holds n slots."""
+    limits = Limits(max_concurrency=4)
+    wide = await limiter.acquire(Lease.single("t", limits, 1, slots=3))
+    assert wide.allowed and await held(limiter, "t") == 3
+    two = await limiter.acquire(Lease.single("t", limits, 1, slots=2))
+    assert not two.allowed and two.reason == "concurrency"
+    one = await admit(limiter, "t", limits, 1)
+    assert one.allowed and await held(limiter, "t") == 4
+    assert not (await admit(limiter, "t", limits, 1)).allowed
+    await limiter.release(wide.lease, 1)  # gives back all three slots ...
+    await limiter.release(wide.lease, 1)  # ... once
+    assert await held(limiter, "t") == 1
+    again = await limiter.acquire(Lease.single("t", limits, 1, slots=3))
+    assert again.allowed and await held(limiter, "t") == 4
+    await limiter.release(again.lease, 1)
+    await limiter.release(one.lease, 1)
+    assert await held(limiter, "t") == 0
+
+
+async def test_a_lease_wider_than_a_scope_is_never_admissible(limiter: Limiter) -> None:
+    tenant = Scope("tenant", "t", Limits(rpm=10, max_concurrency=8))
+    visitor = Scope("visitor", "v", Limits(max_concurrency=2))
+    d = await limiter.acquire(Lease.new("t", (tenant, visitor), 1, slots=3))
+    assert not d.allowed and d.reason == "too_wide" and d.scope == "visitor"
+    assert d.retry_after_ms == -1 and "Retry-After" not in d.headers()
+    assert d.states[0].requests.remaining == 10  # nothing taken
+    assert await held(limiter, "t") == 0
+    fits = await limiter.acquire(Lease.new("t", (tenant, visitor), 1, slots=2))
+    assert fits.allowed and await held(limiter, "t") == 2
+    await limiter.release(fits.lease, 1)
+
+
+async def test_every_slot_of_a_lease_is_renewed_and_expires_together() -> None:
+    now = [0.0]
+    lim = MemoryLimiter(lease_ttl_s=1.0, clock=lambda: now[0])
+    limits = Limits(max_concurrency=3)
+    wide = await lim.acquire(Lease.single("t", limits, 1, slots=3))
+    assert wide.allowed
+    now[0] = 900.0
+    await lim.renew(lim.book.live())
+    now[0] = 1500.0
+    assert lim.active_leases("t") == 3 and not (await admit(lim, "t", limits, 1)).allowed
+    now[0] = 1901.0  # not renewed again: all three slots run out at once
+    assert lim.active_leases("t") == 0
+    assert (await lim.acquire(Lease.single("t", limits, 1, slots=3))).allowed
+    lim.check_integrity()
+    await lim.close()
+
+
+async def test_a_lone_wide_lease_is_admitted_within_a_replica_share() -> None:
+    """Failed over with share 1/2, a scope of 4 has 2 slots here: a 3-slot lease (which fits
+    the whole limit) waits until the scope is empty here instead of never being admitted."""
+    lim = MemoryLimiter()
+    limits = Limits(max_concurrency=4)
+    one = await lim.acquire(Lease.single("t", limits, 1), share=0.5)
+    assert one.allowed
+    wide = Lease.single("t", limits, 1, slots=3)
+    assert (await lim.acquire(wide, share=0.5)).reason == "concurrency"
+    await lim.release(one.lease, 1)
+    assert (await lim.acquire(wide, share=0.5)).allowed
+    assert not (await lim.acquire(Lease.single("t", limits, 1), share=0.5)).allowed
+    await lim.release(wide, 1)
+    lim.check_integrity()
+    await lim.close()

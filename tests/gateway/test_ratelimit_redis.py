@@ -286,3 +286,50 @@ async def test_two_replicas_through_a_redis_restart_stay_within_a_quarter_of_the
     for lim in replicas:
         lim.check_integrity()
         await lim.close()
+
+
+async def test_every_slot_of_a_lease_is_renewed_in_redis(private_redis: RedisServer) -> None:
+    lim = RedisLimiter(make_client(private_redis.url, 1.0), "kvgate:", lease_ttl_s=0.6)
+    admin = aioredis.Redis.from_url(private_redis.url)
+    limits = Limits(max_concurrency=3)
+    wide = await lim.acquire(Lease.single("t", limits, 1, slots=3))
+    assert wide.allowed and await lim.active_leases("t") == 3
+    await asyncio.sleep(1.0)  # longer than the TTL: the renewal kept every slot
+    assert not (await lim.acquire(Lease.single("t", limits, 1))).allowed
+    key = "kvgate:rl:{t}:leases"
+    lease_id = wide.lease.lease_id
+    members = [lease_id, f"{lease_id}:1", f"{lease_id}:2"]
+    expiries = [await admin.zscore(key, m) for m in members]
+    assert len(set(expiries)) == 1 and expiries[0] is not None
+    await lim.release(wide.lease, 1)
+    assert await lim.active_leases("t") == 0
+    await lim.close()
+    await admin.aclose()
+
+
+async def test_slots_follow_a_lease_through_a_redis_outage(private_redis: RedisServer) -> None:
+    """The fail-over mirror adopts a lease with its slots, so the in-process limiter counts
+    them while Redis is away; back up, Redis takes a lease's slots again."""
+    lim = FailoverLimiter(
+        RedisLimiter(make_client(private_redis.url, 0.2), "kvgate:"),
+        MemoryLimiter(),
+        fail_open=True,
+        retry_s=0.05,
+    )
+    limits = Limits(max_concurrency=4)
+    wide = await lim.acquire(Lease.single("t", limits, 1, slots=3))
+    assert wide.allowed and lim.fallback.active_leases("t") == 3
+    private_redis.stop()
+    assert (await lim.acquire(Lease.single("t", limits, 1))).allowed  # the 4th slot
+    assert lim.down and lim.fallback.active_leases("t") == 4
+    assert not (await lim.acquire(Lease.single("t", limits, 1))).allowed
+    await lim.release(wide.lease, 1)
+    assert lim.fallback.active_leases("t") == 1
+    lim.check_integrity()
+    private_redis.start()  # empty: nothing of the lease is left to give back, and nothing fails
+    await _wait_for(lambda: not lim.down)
+    again = await lim.acquire(Lease.single("t", limits, 1, slots=4))
+    assert again.allowed and await lim.primary.active_leases("t") == 4
+    await lim.release(again.lease, 1)
+    assert await lim.primary.active_leases("t") == 0
+    await lim.close()
