@@ -262,6 +262,11 @@ class AsyncEngine:
         fut: concurrent.futures.Future[None] = concurrent.futures.Future()
         await self._call(_Unpin(handle, fut))
 
+    async def forget_namespace(self, namespace: str) -> bool:
+        """Remove the namespace's disk snapshot (its tenant is gone); whether there was one."""
+        removing = self._core.forget_namespace(namespace)
+        return False if removing is None else await asyncio.wrap_future(removing)
+
     async def _call(self, cmd: _Pin | _Unpin) -> Any:
         """Send a command whose future the engine thread resolves, and wait for it. Also tracked
         here: a loop that dies after our liveness check but before reading the command would

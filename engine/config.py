@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_BLOCK_SIZE = 64
 
@@ -22,6 +22,8 @@ class EngineConfig:
     host_kv_bytes: int = 0  # host-memory KV tier (engine/kv/host_tier.py); 0: no host tier
     host_offload_priority: int = 20  # evicted blocks at or above it go to the host tier
     kv_snapshot_dir: str | None = None  # pinned prompts' KV saved here, restored at start
+    # the snapshots' MAC key (engine/snapshot_key.py); None: <kv_snapshot_dir>/snapshot.key
+    kv_snapshot_key: str | None = field(default=None, repr=False)
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -105,7 +106,9 @@ class EngineCore:
         if config.kv_snapshot_dir:
             from engine.snapshot_restore import Snapshots
 
-            snapshots = Snapshots.for_runner(config.kv_snapshot_dir, model_dir, runner)
+            snapshots = Snapshots.for_runner(
+                config.kv_snapshot_dir, model_dir, runner, config.kv_snapshot_key
+            )
         return cls(runner, config, listener=listener, clock=clock, snapshots=snapshots)
 
     # ------------------------------------------------------------------ requests
@@ -239,6 +242,10 @@ class EngineCore:
 
     def unpin(self, handle: PinHandle) -> None:
         self.cache.unpin(handle)
+
+    def forget_namespace(self, namespace: str) -> Future[bool] | None:
+        """Remove the namespace's disk snapshot (any thread; None without snapshots)."""
+        return self.snapshots.forget(namespace) if self.snapshots is not None else None
 
     def abort_all(self) -> list[RequestOutput]:
         outs = [self.scheduler.abort(rid) for rid in list(self.scheduler.requests)]

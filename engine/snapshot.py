@@ -2,40 +2,49 @@
 
 One file per namespace (tenant cache salt), named by a digest of it::
 
-    b"KVGSNAP1" | u64 header length | header (JSON) | payload | blake2b-256(header | payload)
-
+    b"KVGSNAP2" | u64 header length | header (JSON) | payload | MAC
+    MAC      blake2b-256 keyed with the installation's snapshot key (engine/snapshot_key.py)
+             over everything before it
     header   format, model and tokenizer fingerprints, dtype, block size, layout
              [layers, 2, block_size, kv_heads, head_dim], digest of the namespace, digest of the
              prompt's token ids, number of tokens and blocks, payload bytes
     payload  K/V of the prompt's full blocks, [blocks, layers, 2, block_size, kv_heads, head_dim]
 
-A snapshot is used only when every header field matches the running engine and the request (a
-file renamed to another tenant's name fails the namespace check; another prompt version has
-other token ids); a truncated or corrupt file fails the length or checksum test. Anything else is
-ignored with one log line (no salt, no prompt: the file name is a digest) and the prompt is
+Loading checks, in this order, before any byte of the file is used: the file's size equals what
+the running engine's layout implies for the prompt (blocks x bytes per block; a larger file is
+never read), then the MAC (whoever can write the directory but lacks the key cannot forge a
+tenant's KV, and a checksum recomputed without the key fails), then every header field against
+the engine and the request (a file renamed to another tenant's name fails the namespace check;
+another prompt version has other token ids). A file failing the size or MAC test is removed; any
+refusal is one log line (no salt, no prompt: the file name is a digest) and the prompt is
 recomputed. Writes go to a temporary file in the same directory, fsynced, then renamed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
+import math
 import os
 import struct
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"KVGSNAP1"
-FORMAT = 1
+MAGIC = b"KVGSNAP2"
+FORMAT = 2
 _LEN = struct.Struct("<Q")
-_DIGEST = 32
+_PREFIX = len(MAGIC) + _LEN.size
+_MAC = 32
+_CHUNK = 8 << 20
 _MAX_HEADER = 1 << 16
 _FULL_HASH_LIMIT = 512 << 20  # weight files above it: size + first and last 8 MiB
 _EDGE = 8 << 20
@@ -100,13 +109,27 @@ def fingerprint(model_path: str | Path) -> tuple[str, str]:
     return model.hexdigest(), tok.hexdigest()
 
 
+class _Refused(ValueError):
+    """The file is not an intact snapshot written with this installation's key."""
+
+
 class SnapshotStore:
-    def __init__(self, directory: str | Path, identity: ModelIdentity) -> None:
+    def __init__(self, directory: str | Path, identity: ModelIdentity, key: bytes) -> None:
         self.directory = Path(directory)
         self.identity = identity
+        self._key = key
 
     def path(self, namespace: str) -> Path:
         return self.directory / f"{namespace_digest(namespace)}.kvsnap"
+
+    @property
+    def block_bytes(self) -> int:
+        """Payload bytes of one block in the running engine's layout and dtype."""
+        itemsize = getattr(torch, self.identity.dtype).itemsize
+        return math.prod(self.identity.layout) * itemsize
+
+    def _mac(self) -> Any:
+        return hashlib.blake2b(key=self._key, digest_size=_MAC, person=b"kvgate-snapshot")
 
     def _header(self, namespace: str, token_ids: Sequence[int], num_blocks: int) -> dict:
         ident = asdict(self.identity)
@@ -118,6 +141,7 @@ class SnapshotStore:
             "prompt": prompt_digest(token_ids),
             "num_tokens": len(token_ids),
             "num_blocks": num_blocks,
+            "payload_bytes": num_blocks * self.block_bytes,
         }
 
     def save(self, namespace: str, token_ids: Sequence[int], kv: torch.Tensor) -> Path:
@@ -126,16 +150,17 @@ class SnapshotStore:
         assert tuple(kv.shape) == expect, f"snapshot tensor {tuple(kv.shape)} != {expect}"
         payload = kv.contiguous().view(torch.uint8).numpy().tobytes()
         header = self._header(namespace, token_ids, kv.shape[0])
-        header["payload_bytes"] = len(payload)
+        assert header["payload_bytes"] == len(payload)
         head = json.dumps(header, sort_keys=True).encode()
-        body = head + payload
-        digest = hashlib.blake2b(body, digest_size=_DIGEST).digest()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        body = MAGIC + _LEN.pack(len(head)) + head + payload
+        mac = self._mac()
+        mac.update(body)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         target = self.path(namespace)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".kvsnap", dir=self.directory)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(MAGIC + _LEN.pack(len(head)) + body + digest)
+                f.write(body + mac.digest())
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, target)
@@ -144,65 +169,86 @@ class SnapshotStore:
             raise
         return target
 
+    def remove(self, namespace: str) -> bool:
+        """Delete the namespace's snapshot; whether there was one."""
+        try:
+            self.path(namespace).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
     def matches(self, namespace: str, token_ids: Sequence[int]) -> bool:
-        """A snapshot of this prompt for this engine is on disk (header only; no checksum)."""
+        """A snapshot of this prompt for this engine is on disk: header and size only, no MAC
+        (a file that passes here but is not intact is refused, and removed, when loaded)."""
+        want = len(token_ids) // self.identity.block_size * self.block_bytes
         try:
             with self.path(namespace).open("rb") as f:
-                header = self._read_header(f)
+                prefix = f.read(_PREFIX)
+                n = _header_length(prefix)
+                if os.fstat(f.fileno()).st_size != _PREFIX + n + want + _MAC:
+                    return False
+                header = json.loads(f.read(n))
         except (OSError, ValueError):
             return False
-        return header is not None and self._mismatch(header, namespace, token_ids) is None
+        return isinstance(header, dict) and self._mismatch(header, namespace, token_ids) is None
 
     def load(self, namespace: str, token_ids: Sequence[int]) -> torch.Tensor | None:
         """The K/V of ``token_ids``'s full blocks, or None (logged) when no usable snapshot."""
         path = self.path(namespace)
+        num_blocks = len(token_ids) // self.identity.block_size
         try:
-            data = path.read_bytes()
+            f = path.open("rb")
         except FileNotFoundError:
             return None
         except OSError as exc:
             return _ignored(path, f"unreadable ({exc.__class__.__name__})")
         try:
-            header, payload = self._parse(data)
-        except ValueError as exc:
-            return _ignored(path, str(exc))
+            with f:
+                header, payload = self._read_verified(f, num_blocks * self.block_bytes)
+        except OSError as exc:
+            return _ignored(path, f"unreadable ({exc.__class__.__name__})")
+        except _Refused as exc:
+            path.unlink(missing_ok=True)  # not ours or damaged: never kept, never trusted
+            return _ignored(path, f"{exc}; removed")
         reason = self._mismatch(header, namespace, token_ids)
         if reason is not None:
             return _ignored(path, reason)
         dtype = getattr(torch, self.identity.dtype)
-        flat = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(dtype)
-        return flat.reshape(header["num_blocks"], *self.identity.layout)
+        flat = torch.frombuffer(payload, dtype=torch.uint8).view(dtype)
+        return flat.reshape(num_blocks, *self.identity.layout)
 
     # ------------------------------------------------------------------ parsing
 
-    @staticmethod
-    def _read_header(f) -> dict | None:  # type: ignore[no-untyped-def]
-        prefix = f.read(len(MAGIC) + _LEN.size)
-        if len(prefix) < len(MAGIC) + _LEN.size or prefix[: len(MAGIC)] != MAGIC:
-            return None
-        (n,) = _LEN.unpack(prefix[len(MAGIC) :])
-        if n > _MAX_HEADER:
-            return None
-        return json.loads(f.read(n))
-
-    @staticmethod
-    def _parse(data: bytes) -> tuple[dict, bytes]:
-        start = len(MAGIC) + _LEN.size
-        if len(data) < start + _DIGEST or data[: len(MAGIC)] != MAGIC:
-            raise ValueError("not a snapshot file (magic or length)")
-        (n,) = _LEN.unpack(data[len(MAGIC) : start])
-        body, digest = data[start:-_DIGEST], data[-_DIGEST:]
-        if n > min(_MAX_HEADER, len(body)):
-            raise ValueError("truncated header")
-        if hashlib.blake2b(body, digest_size=_DIGEST).digest() != digest:
-            raise ValueError("checksum mismatch (truncated or corrupt)")
+    def _read_verified(self, f: Any, payload_bytes: int) -> tuple[dict, bytearray]:
+        """Header and payload of an intact file of exactly the expected size, MAC checked
+        before either is used; ``_Refused`` otherwise."""
+        prefix = f.read(_PREFIX)
         try:
-            header = json.loads(body[:n])
+            n = _header_length(prefix)
+        except ValueError as exc:
+            raise _Refused(str(exc)) from None
+        size, expect = os.fstat(f.fileno()).st_size, _PREFIX + n + payload_bytes + _MAC
+        if size != expect:
+            raise _Refused(f"size {size} is not the {expect} bytes the layout implies")
+        mac = self._mac()
+        mac.update(prefix)
+        head = f.read(n)
+        mac.update(head)
+        payload = bytearray(payload_bytes)
+        view = memoryview(payload)
+        for at in range(0, payload_bytes, _CHUNK):
+            part = view[at : at + _CHUNK]
+            if f.readinto(part) != len(part):
+                raise _Refused("truncated while read")
+            mac.update(part)
+        if not hmac.compare_digest(mac.digest(), f.read(_MAC)):
+            raise _Refused("MAC mismatch (forged, another installation's key, or corrupt)")
+        try:
+            header = json.loads(head)
         except ValueError:
-            raise ValueError("unreadable header") from None
-        payload = body[n:]
-        if not isinstance(header, dict) or header.get("payload_bytes") != len(payload):
-            raise ValueError("payload length mismatch")
+            raise _Refused("unreadable header") from None
+        if not isinstance(header, dict) or header.get("payload_bytes") != payload_bytes:
+            raise _Refused("payload size differs from the layout")
         return header, payload
 
     def _mismatch(self, header: dict, namespace: str, token_ids: Sequence[int]) -> str | None:
@@ -212,6 +258,15 @@ class SnapshotStore:
             if header.get(field) != want[field]:
                 return f"{field} differs"
         return None
+
+
+def _header_length(prefix: bytes) -> int:
+    if len(prefix) < _PREFIX or prefix[: len(MAGIC)] != MAGIC:
+        raise ValueError(f"not a snapshot file of format {FORMAT} (magic)")
+    (n,) = _LEN.unpack(prefix[len(MAGIC) :])
+    if n > _MAX_HEADER:
+        raise ValueError("header too long")
+    return n
 
 
 def _ignored(path: Path, reason: str) -> None:

@@ -6,12 +6,18 @@ pin of an uncached one  -> restore: a matching snapshot is written into fresh de
                            (an internal admission over the prompt's full blocks: its new
                            blocks take the snapshot's K/V and are committed READY), then the
                            pin is taken; nothing goes through the model
+forget (tenant deleted) -> the namespace's file is removed by the writer thread, after any write
+                           of it already queued (so a write in flight cannot bring it back)
+
+One file per namespace: the prompt version pinned last (a new version's pin overwrites the
+previous version's file; a rollback's pin writes the older version again).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.kv.pins import resolve_pin
 from engine.snapshot import ModelIdentity, SnapshotStore, fingerprint
+from engine.snapshot_key import SnapshotKeyError, snapshot_key
 from engine.tiers.host_pool import read_blocks, write_blocks
 
 if TYPE_CHECKING:
@@ -34,13 +41,25 @@ class Snapshots:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="kv-snapshot")
         self._pending: list[Future[None]] = []
         self._ids = itertools.count()
-        self._known: set[tuple[str, tuple[int, ...]]] = set()  # on disk or being written
+        # namespace -> prompt on disk or being written. Engine thread, and ``forget`` from the
+        # event loop: under the lock, so a save and a forget reach the writer in one order.
+        self._known: dict[str, tuple[int, ...]] = {}
+        self._lock = threading.Lock()
         self.restored = 0
         self.saved = 0
         self.restore_seconds = 0.0
 
     @classmethod
-    def for_runner(cls, directory: str | Path, model_path: str | Path, runner: Any) -> Snapshots:
+    def for_runner(
+        cls, directory: str | Path, model_path: str | Path, runner: Any, secret: str | None = None
+    ) -> Snapshots | None:
+        """Snapshots under ``directory`` for ``runner``'s KV layout; None (logged: the engine
+        runs without snapshots) when no MAC key can be had (engine/snapshot_key.py)."""
+        try:
+            key = snapshot_key(directory, secret)
+        except SnapshotKeyError as exc:
+            log.warning("kv snapshots off: %s", exc)
+            return None
         model, tokenizer = fingerprint(model_path)
         k0 = runner.kv_caches[0][0]
         identity = ModelIdentity(
@@ -50,7 +69,7 @@ class Snapshots:
             block_size=int(runner.block_size),
             layout=(len(runner.kv_caches), 2, *(int(d) for d in k0.shape[1:])),
         )
-        return cls(SnapshotStore(directory, identity))
+        return cls(SnapshotStore(directory, identity, key))
 
     def restore(self, core: EngineCore, namespace: str, token_ids: tuple[int, ...]) -> bool:
         """Put the prompt's snapshot into the device cache; False when none is usable."""
@@ -69,7 +88,8 @@ class Snapshots:
         write_blocks(core.runner.kv_caches, alloc.block_table[first:], kv[first:])
         cache.commit(rid, full)
         cache.free(rid)
-        self._known.add((namespace, token_ids))
+        with self._lock:
+            self._known[namespace] = token_ids
         self.restored += 1
         elapsed = time.perf_counter() - start
         self.restore_seconds += elapsed
@@ -79,16 +99,23 @@ class Snapshots:
 
     def save(self, core: EngineCore, namespace: str, token_ids: tuple[int, ...]) -> None:
         """Snapshot a just-pinned prompt unless the same snapshot is on disk already."""
-        if (namespace, token_ids) in self._known or self.store.matches(namespace, token_ids):
+        if self._known.get(namespace) == token_ids or self.store.matches(namespace, token_ids):
             return
         blocks = resolve_pin(core.cache.index, namespace, token_ids, core.cache.block_size)
         if not isinstance(blocks, list):
             return
         kv = read_blocks(core.runner.kv_caches, [b.block_id for b in blocks])
-        self._pending = [f for f in self._pending if not f.done()]
-        self._pending.append(self._writer.submit(self._write, namespace, token_ids, kv))
-        self._known.add((namespace, token_ids))
+        with self._lock:
+            self._pending = [f for f in self._pending if not f.done()]
+            self._pending.append(self._writer.submit(self._write, namespace, token_ids, kv))
+            self._known[namespace] = token_ids
         self.saved += 1
+
+    def forget(self, namespace: str) -> Future[bool]:
+        """Remove the namespace's snapshot (any thread); resolves to whether a file was there."""
+        with self._lock:
+            self._known.pop(namespace, None)
+            return self._writer.submit(self.store.remove, namespace)
 
     def _write(self, namespace: str, token_ids: tuple[int, ...], kv: Any) -> None:
         try:
@@ -98,9 +125,10 @@ class Snapshots:
 
     def flush(self) -> None:
         """Wait for the snapshots being written (graceful shutdown, tests)."""
-        for fut in self._pending:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for fut in pending:
             fut.result()
-        self._pending.clear()
 
     def close(self) -> None:
         self.flush()

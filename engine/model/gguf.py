@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.model.config import ModelConfig, ModelLoadError, RopeConfig, resolve_dtype
+from engine.model.config import (
+    ModelConfig,
+    ModelLoadError,
+    RopeConfig,
+    check_config,
+    resolve_dtype,
+)
+from engine.model.gguf_layout import check_layout
 from engine.model.gguf_tokenizer import gguf_tokenizer
 from engine.model.loader import LayerWeights, LoadedModel, ModelWeights
 
@@ -55,16 +62,22 @@ class GGUFFile:
 
     @classmethod
     def open(cls, path: str | Path) -> GGUFFile:
+        """The file's metadata and tensors; ``ModelLoadError`` for anything malformed.
+
+        ``check_layout`` bounds every count, length and offset by the file size first, so the
+        reader (which trusts them) never runs past the end; what the reader still refuses is
+        mapped to ``ModelLoadError`` as well."""
         from gguf import GGUFReader
 
         path = Path(path)
         if not is_gguf(path):
             raise ModelLoadError(f"{path}: not a GGUF file")
+        check_layout(path)
         try:
             reader = GGUFReader(str(path))
-            metadata = {key: field.contents() for key, field in reader.fields.items()}
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError, IndexError, OverflowError) as exc:
             raise ModelLoadError(f"{path}: cannot read GGUF file: {exc}") from exc
+        metadata = {key: _contents(path, key, field) for key, field in reader.fields.items()}
         return cls(path, metadata, {t.name: t for t in reader.tensors})
 
     @property
@@ -80,62 +93,92 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path}: missing metadata {self.arch}.{key}")
         return value
 
+    def integer(self, key: str, default: int | None = None) -> int:
+        """``{arch}.{key}`` as a non-negative integer (required unless ``default`` is given)."""
+        value = self.require(key) if default is None else self.arch_value(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ModelLoadError(
+                f"{self.path}: metadata {self.arch}.{key} = {value!r:.60} is not an integer >= 0"
+            )
+        return value
+
+    def real(self, key: str, default: float | None = None) -> float:
+        """``{arch}.{key}`` as a float (required unless ``default`` is given)."""
+        value = self.require(key) if default is None else self.arch_value(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ModelLoadError(
+                f"{self.path}: metadata {self.arch}.{key} = {value!r:.60} is not a number"
+            )
+        return float(value)
+
     def shape(self, name: str) -> tuple[int, ...]:
         """Row-major (torch) shape: GGML lists dimensions innermost first."""
         return tuple(int(d) for d in reversed(self.tensors[name].shape.tolist()))
 
 
+def _contents(path: Path, key: str, field: Any) -> Any:
+    try:
+        return field.contents()
+    except (ValueError, IndexError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ModelLoadError(f"{path}: metadata {key}: cannot read value: {exc}") from exc
+
+
 def _rope(f: GGUFFile, freq_factors: tuple[float, ...] | None) -> RopeConfig:
-    theta = float(f.arch_value("rope.freq_base", 10000.0))
+    theta = f.real("rope.freq_base", 10000.0)
     kind = f.arch_value("rope.scaling.type", "none")
     if kind == "linear":
-        factor = float(f.require("rope.scaling.factor"))
-        return RopeConfig(theta=theta, kind="linear", factor=factor)
+        return RopeConfig(theta=theta, kind="linear", factor=f.real("rope.scaling.factor"))
     if kind not in ("none", None):
-        raise ModelLoadError(f"{f.path}: rope scaling type {kind!r} is not supported")
+        raise ModelLoadError(f"{f.path}: rope scaling type {kind!r:.60} is not supported")
     return RopeConfig(theta=theta, freq_factors=freq_factors)
 
 
-def parse_gguf_config(f: GGUFFile) -> ModelConfig:
-    """The decoder config from ``{arch}.*`` metadata and the tensor shapes."""
-    if f.arch not in ARCHITECTURES:
-        raise ModelLoadError(
-            f"{f.path}: unsupported GGUF architecture {f.arch!r}; supported: "
-            f"{', '.join(ARCHITECTURES)}"
-        )
+def _embedding_shape(f: GGUFFile) -> tuple[int, int]:
     if "token_embd.weight" not in f.tensors:
         raise ModelLoadError(f"{f.path}: tensor 'token_embd.weight' not found")
-    vocab, hidden = f.shape("token_embd.weight")
-    heads = int(f.require("attention.head_count"))
-    head_dim = int(f.arch_value("attention.key_length") or hidden // heads)
-    rot = f.arch_value("rope.dimension_count")
-    if rot is not None and int(rot) != head_dim:
+    shape = f.shape("token_embd.weight")
+    if len(shape) != 2:
+        raise ModelLoadError(f"{f.path}: tensor 'token_embd.weight' has shape {list(shape)}")
+    return shape[0], shape[1]
+
+
+def parse_gguf_config(f: GGUFFile) -> ModelConfig:
+    """The decoder config from ``{arch}.*`` metadata and the tensor shapes (``check_config``)."""
+    if f.arch not in ARCHITECTURES:
+        raise ModelLoadError(
+            f"{f.path}: unsupported GGUF architecture {f.arch!r:.60}; supported: "
+            f"{', '.join(ARCHITECTURES)}"
+        )
+    vocab, hidden = _embedding_shape(f)
+    heads = f.integer("attention.head_count")
+    head_dim = f.integer("attention.key_length", 0) or hidden // max(heads, 1)
+    rot = f.integer("rope.dimension_count", head_dim)
+    if rot != head_dim:
         raise ModelLoadError(f"{f.path}: partial rotary ({rot} of {head_dim}) is not supported")
-    window = f.arch_value("attention.sliding_window")
-    context = int(f.arch_value("context_length", 4096))
-    if window is not None and int(window) < context:
+    context = f.integer("context_length", 4096)
+    if f.integer("attention.sliding_window", context) < context:
         raise ModelLoadError(f"{f.path}: sliding-window attention is not supported")
     factors = None
     if "rope_freqs.weight" in f.tensors:  # Llama 3.1+ stores its rope scaling as factors
         factors = tuple(float(x) for x in _dequantize(f, "rope_freqs.weight").tolist())
-    qkv_bias = "blk.0.attn_q.bias" in f.tensors
-    return ModelConfig(
+    cfg = ModelConfig(
         architecture=ARCHITECTURES[f.arch],
         hidden_size=hidden,
-        num_layers=int(f.require("block_count")),
+        num_layers=f.integer("block_count"),
         num_heads=heads,
-        num_kv_heads=int(f.arch_value("attention.head_count_kv") or heads),
+        num_kv_heads=f.integer("attention.head_count_kv", 0) or heads,
         head_dim=head_dim,
-        intermediate_size=int(f.require("feed_forward_length")),
+        intermediate_size=f.integer("feed_forward_length"),
         vocab_size=vocab,
-        rms_norm_eps=float(f.arch_value("attention.layer_norm_rms_epsilon", 1e-6)),
+        rms_norm_eps=f.real("attention.layer_norm_rms_epsilon", 1e-6),
         rope=_rope(f, factors),
         max_position_embeddings=context,
         tie_word_embeddings="output.weight" not in f.tensors,
-        qkv_bias=qkv_bias,
+        qkv_bias="blk.0.attn_q.bias" in f.tensors,
         o_bias="blk.0.attn_output.bias" in f.tensors,
         torch_dtype=None,  # "auto" dequantizes to float32
     )
+    return check_config(cfg, f.path)
 
 
 def _dequantize(f: GGUFFile, name: str) -> np.ndarray:

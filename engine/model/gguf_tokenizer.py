@@ -24,6 +24,7 @@ from functools import lru_cache
 from typing import Any
 
 from engine.model.config import ModelLoadError
+from engine.model.gguf_checks import check_merges, check_metadata
 from engine.model.tokenizer import Tokenizer
 
 CONTROL, USER_DEFINED = 3, 4
@@ -121,14 +122,22 @@ def _spm_backend(meta: Mapping[str, Any]) -> Any:
     return _add_tokens(backend, meta, alphabet=None)
 
 
+def byte_level_vocab(tokens: list[str]) -> dict[str, int]:
+    alphabet = set(byte_alphabet().values())
+    return {_spelled(t, alphabet): i for i, t in enumerate(tokens)}
+
+
+def byte_level_merges(meta: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    return [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
+
+
 def _byte_level_backend(meta: Mapping[str, Any]) -> Any:
     from tokenizers import Tokenizer as Backend
     from tokenizers import decoders, models, normalizers, processors
 
-    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
     alphabet = set(byte_alphabet().values())
-    vocab = {_spelled(t, alphabet): i for i, t in enumerate(tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
+    vocab = byte_level_vocab(meta["tokenizer.ggml.tokens"])
+    merges = byte_level_merges(meta)
     bpe = models.BPE(
         vocab=vocab, merges=merges, continuing_subword_prefix="", end_of_word_suffix="",
         fuse_unk=False, byte_fallback=False,
@@ -169,6 +178,18 @@ def _eos_ids(meta: Mapping[str, Any]) -> list[int]:
     return [int(meta[f"tokenizer.ggml.{k}"]) for k in keys if f"tokenizer.ggml.{k}" in meta]
 
 
+def _backend(meta: Mapping[str, Any], kind: str, where: str) -> Any:
+    if kind == "gpt2":
+        vocab = byte_level_vocab(meta["tokenizer.ggml.tokens"])
+        check_merges(byte_level_merges(meta), vocab, where)
+    try:
+        return _spm_backend(meta) if kind == "llama" else _byte_level_backend(meta)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # tokenizers raises a bare Exception subclass
+        raise ModelLoadError(f"{where}: cannot build the tokenizer: {exc}") from exc
+
+
 def gguf_tokenizer(meta: Mapping[str, Any], where: str) -> Tokenizer:
     """``Tokenizer`` (with chat template, special tokens and EOS ids) from GGUF metadata."""
     kind = meta.get("tokenizer.ggml.model")
@@ -179,6 +200,7 @@ def gguf_tokenizer(meta: Mapping[str, Any], where: str) -> Tokenizer:
         )
     if "tokenizer.ggml.tokens" not in meta:
         raise ModelLoadError(f"{where}: missing metadata tokenizer.ggml.tokens")
+    check_metadata(meta, where)
     tokens = meta["tokenizer.ggml.tokens"]
 
     def text(key: str) -> str | None:
@@ -194,5 +216,5 @@ def gguf_tokenizer(meta: Mapping[str, Any], where: str) -> Tokenizer:
         # SentencePiece files without the flag are Llama 2 style: BOS first.
         "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama")),
     }
-    backend = _spm_backend(meta) if kind == "llama" else _byte_level_backend(meta)
+    backend = _backend(meta, kind, where)
     return Tokenizer(backend, config, _eos_ids(meta))

@@ -6,6 +6,7 @@ constant time); ``/healthz`` answers without it (orchestrator probes) and says n
     POST /v1/generate   {ids, params, ns, rid, prio?, interim?, scope?} -> frames (wire.py)
     POST /v1/abort      {rid}
     POST /v1/pin        {ns, ids} -> pin handle            POST /v1/unpin  {handle}
+    POST /v1/forget     {ns} -> {removed}: the namespace's disk snapshot is deleted (tenant gone)
     GET  /v1/info       worker id, geometry, pin budget    GET  /v1/tokenizer  tokenizer payload
     GET  /v1/load       cache stats + requests waiting / running, outstanding tokens
     GET  /v1/events     stream of KV event batches (one JSON array per line)
@@ -106,6 +107,7 @@ def create_worker_app(
     app.router.add_post("/v1/abort", _abort)
     app.router.add_post("/v1/pin", _pin)
     app.router.add_post("/v1/unpin", _unpin)
+    app.router.add_post("/v1/forget", _forget)
     return app
 
 
@@ -298,6 +300,18 @@ async def _unpin(request: web.Request) -> web.Response:
     except (EngineError, KeyError, ValueError, AssertionError) as exc:
         return _reply({"e": wire.error_to_wire(EngineError(f"unpin failed: {exc}"))})
     return _reply({})
+
+
+async def _forget(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    ns = body.get("ns")
+    if not isinstance(ns, str):
+        return _reply({"e": wire.error_to_wire(ValueError("bad forget request: no ns"))}, 400)
+    try:
+        removed = await request.app[WORKER].engine.forget_namespace(ns)
+    except OSError as exc:
+        return _reply({"e": wire.error_to_wire(EngineError(f"forget failed: {exc.strerror}"))})
+    return _reply({"removed": removed})
 
 
 async def _events(request: web.Request) -> web.StreamResponse:

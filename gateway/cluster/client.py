@@ -150,6 +150,10 @@ class WorkerClient:
     async def unpin(self, handle: PinHandle) -> None:
         await self._call("POST", "/v1/unpin", {"handle": wire.pin_to_wire(handle)})
 
+    async def forget(self, namespace: str) -> bool:
+        """Delete the namespace's disk snapshot on the worker; whether it had one."""
+        return bool((await self._call("POST", "/v1/forget", {"ns": namespace}))["removed"])
+
     async def events(self) -> AsyncIterator[list[list[Any]]]:
         """KV event batches until the worker ends the stream or the connection breaks."""
         try:

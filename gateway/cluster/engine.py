@@ -1,8 +1,8 @@
 """``ClusterEngine``: the gateway's engine when the engine runs in worker processes.
 
 It answers the calls the gateway makes of an ``AsyncEngine`` (generate, abort, pin_prefix,
-unpin, cache_stats, tokenizer, max_model_len, start, shutdown, is_running), so views, the pin
-manager and telemetry do not care where the engine runs. Behind it::
+unpin, forget_namespace, cache_stats, tokenizer, max_model_len, start, shutdown, is_running),
+so views, the pin manager and telemetry do not care where the engine runs. Behind it::
 
     health loop (every health_s): resolve KVGATE_WORKERS, poll each worker's load; a worker
         failing DOWN_AFTER_FAILURES checks in a row is taken out, one answering again (or
@@ -32,6 +32,7 @@ from engine.request import request_id_or_new
 from engine.worker import wire
 from gateway.cluster.client import WorkerClient, WorkerInfo, WorkerUnavailable
 from gateway.cluster.discovery import resolve_workers
+from gateway.cluster.forget import SnapshotForgets
 from gateway.cluster.kvindex import KvIndex
 from gateway.cluster.loadstats import LoadStats
 from gateway.cluster.members import Member
@@ -73,6 +74,7 @@ class ClusterEngine:
         self.members: dict[str, Member] = {}  # by url
         self.placer = Placer(replica_rate)
         self.index = KvIndex()
+        self.forgets = SnapshotForgets()
         self._flights: dict[str, Member] = {}  # request id -> worker serving it
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -196,6 +198,8 @@ class ClusterEngine:
         m.info, m.healthy = info, True
         log.info("cluster_worker_up", worker=m.worker_id)
         self._watch_events(m)
+        if self.forgets.owes(m):
+            self._spawn(self.forgets.pay(m))
         return True
 
     def _take_out(self, m: Member) -> bool:
@@ -272,6 +276,13 @@ class ClusterEngine:
 
     async def unpin(self, handle: TenantPin) -> None:
         await self.placer.release(handle, self.healthy())
+
+    async def forget_namespace(self, namespace: str) -> bool:
+        """Remove the namespace's disk snapshots on every worker (now, or when one that is away
+        comes back); True when any file was removed now."""
+        self.forgets.owe(self.members.values(), namespace)
+        paid = await asyncio.gather(*(self.forgets.pay(m) for m in self.healthy().values()))
+        return any(paid)
 
     # ------------------------------------------------------------------ requests
 
@@ -393,6 +404,7 @@ class ClusterEngine:
         assert all(m.inflight > 0 for m in self._flights.values()), "flight without inflight"
         self.placer.check_integrity()
         self.index.check_integrity()
+        self.forgets.check_integrity()
 
 
 async def _close(stream: Any) -> None:

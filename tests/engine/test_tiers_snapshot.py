@@ -46,7 +46,8 @@ def test_restart_restores_a_pinned_prompt_from_disk(tmp_path: Path, block_size: 
     want_logits, want_tokens = first_logits(fresh, [*system, 7, 8], "t")
 
     eng = pinned_then_restarted(tmp_path, "t", system, block_size=block_size)
-    assert [p.name for p in tmp_path.iterdir()] == [eng.core.snapshots.store.path("t").name]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted([eng.core.snapshots.store.path("t").name, "snapshot.key"])
     handle = eng.pin_prefix("t", system)
     full = len(system) // block_size * block_size
     assert handle.num_tokens == full
@@ -98,8 +99,8 @@ def _corrupt(tmp: Path, eng: Engine, system: list[int]) -> tuple[str, list[int]]
     [
         (_other_salt, "namespace differs"),
         (_other_version, "prompt differs"),
-        (_truncated, "checksum mismatch"),
-        (_corrupt, "checksum mismatch"),
+        (_truncated, "size"),
+        (_corrupt, "MAC mismatch"),
     ],
 )
 def test_mismatched_or_damaged_snapshots_are_recomputed(
@@ -147,7 +148,8 @@ def test_snapshot_written_atomically_once(tmp_path: Path) -> None:
     eng.pin_prefix("t", system)  # the same snapshot is on disk: not written again
     eng.core.snapshots.flush()
     assert eng.core.snapshots.saved == 1
-    assert len(list(tmp_path.iterdir())) == 1  # no temporary file left behind
+    # no temporary file left behind: the snapshot and the installation's key
+    assert len(list(tmp_path.glob("*.kvsnap"))) == 1 and len(list(tmp_path.iterdir())) == 2
 
 
 def test_settings_carry_the_tier_options_to_the_engine(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import update
 
+from engine.snapshot import namespace_digest
 from gateway.pins import PINNED, PinManager
 from tenants.models import ApiKey
 from tenants.runtime import TenantRuntime
@@ -99,6 +100,29 @@ async def test_prompt_change_pins_new_then_unpins_old_after_in_flight(
         after = pinned_now - info["pinned_blocks"]
         await wait_for(lambda: engine.cache_stats().blocks_pinned == after)
         assert gw.state.pins.current(t.id) is None
+
+
+async def test_deleting_a_tenant_removes_its_prompt_snapshot(
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    snapshots = tmp_path / "var" / "kv-snapshots"  # the default under KVGATE_VAR_DIR
+
+    def files() -> set[str]:
+        return {p.name for p in snapshots.glob("*.kvsnap")}
+
+    async with live_gateway(make_settings(gateway_database, tmp_path), demo_model_dir) as gw:
+        gone = await gw.create_tenant("gone", system_prompt=PROMPT.format(n=7))
+        kept = await gw.create_tenant("kept", system_prompt=PROMPT.format(n=8))
+        for t in (gone, kept):
+            assert (await gw.wait_pinned(t.id))["pin_state"] == PINNED
+        await wait_for(lambda: len(files()) == 2)  # written by the engine's background writer
+        salts = {
+            t.id: (await gw.state.store.get_tenant_runtime(t.id)).cache_salt for t in (gone, kept)
+        }
+        names = {tid: f"{namespace_digest(salt)}.kvsnap" for tid, salt in salts.items()}
+        await gw.admin("PATCH", f"/tenants/{kept.id}", {"status": "suspended"})
+        await gw.admin("DELETE", f"/tenants/{gone.id}")
+        await wait_for(lambda: files() == {names[kept.id]})  # suspended: kept, deleted: removed
 
 
 class CountingTokenizer:

@@ -193,3 +193,45 @@ def random_blocks(kind: Any, shape: tuple[int, ...], rng: np.random.Generator) -
         values = rng.uniform(low, high, raw.shape[:2]).astype(np.float16)
         raw[:, :, offset : offset + 2] = values.view(np.uint8).reshape(*raw.shape[:2], 2)
     return raw.reshape(rows, -1)
+
+
+def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
+    """The smallest loadable GGUF worth having (about 20 KB): a one-layer Llama of width 8 (two
+    heads of 4, one key/value head) with a byte-level vocabulary of the 256 byte symbols, two
+    merges and three control tokens; float32 weights drawn from ``seed``."""
+    import gguf
+
+    from engine.model.gguf_tokenizer import byte_alphabet
+
+    tokens = [*byte_alphabet().values(), "Ġt", "Ġth", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+    types = [1] * (len(tokens) - 3) + [3, 3, 3]
+    w = gguf.GGUFWriter(str(path), "llama")
+    for add, value in (
+        (w.add_block_count, 1), (w.add_context_length, 64), (w.add_embedding_length, 8),
+        (w.add_feed_forward_length, 16), (w.add_head_count, 2), (w.add_head_count_kv, 1),
+        (w.add_rope_dimension_count, 4), (w.add_layer_norm_rms_eps, 1e-5),
+    ):  # fmt: skip
+        add(value)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(["Ġ t", "Ġt h"])
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_chat_template(CHAT_TEMPLATE)
+    rng = np.random.default_rng(seed)
+    shapes = {
+        "token_embd.weight": (len(tokens), 8), "output_norm.weight": (8,),
+        "blk.0.attn_norm.weight": (8,), "blk.0.ffn_norm.weight": (8,),
+        "blk.0.attn_q.weight": (8, 8), "blk.0.attn_k.weight": (4, 8),
+        "blk.0.attn_v.weight": (4, 8), "blk.0.attn_output.weight": (8, 8),
+        "blk.0.ffn_gate.weight": (16, 8), "blk.0.ffn_up.weight": (16, 8),
+        "blk.0.ffn_down.weight": (8, 16),
+    }  # fmt: skip
+    for name, shape in shapes.items():
+        w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
