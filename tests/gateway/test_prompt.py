@@ -86,13 +86,16 @@ class _ReorderingTemplate:
     def __init__(self, inner: Tokenizer) -> None:
         self.inner = inner
 
-    def apply_chat_template(self, messages, add_generation_prompt=True):  # type: ignore[no-untyped-def]
+    def apply_chat_template(self, messages, add_generation_prompt=True, marked=False):  # type: ignore[no-untyped-def]
         return self.inner.apply_chat_template(
-            list(reversed(messages)), add_generation_prompt=add_generation_prompt
+            list(reversed(messages)), add_generation_prompt=add_generation_prompt, marked=marked
         )
 
     def encode(self, text: str) -> list[int]:
         return self.inner.encode(text)
+
+    def encode_marked(self, text: str, limit: int | None = None) -> list[int]:
+        return self.inner.encode_marked(text, limit)
 
 
 def test_template_that_moves_the_system_prompt_is_refused(tokenizer: Tokenizer) -> None:
