@@ -140,19 +140,21 @@ class Tokenizer:
 
     @cached_property
     def _marked_template(self) -> tuple[str, dict[str, str | None]]:
-        """The template and special-token names with control tokens as marks, checked to render
-        exactly the plain template's text once the marks are read back (a template that built a
-        control token from pieces would hide it from the marks)."""
+        """The template and special-token names with control tokens as marks, checked to encode
+        a probe conversation exactly as the plain template does (a template that built a control
+        token from pieces would hide it from the marks: its structure would become text)."""
         assert self.chat_template is not None
         marks = self.control_marks
         template = marks.mark(self.chat_template)
         specials = {k: v if v is None else marks.mark(v) for k, v in self.special_tokens.items()}
+        view = self._plain_view()[0]
         for probe in _PROBE:
             try:
                 plain = self._render(self.chat_template, self.special_tokens, list(probe), True, {})
             except TemplateError:
                 continue  # this template refuses the probe (a system turn, say); try the next
-            if marks.unmark(self._render(template, specials, list(probe), True, {})) != plain:
+            marked = self._render(template, specials, list(probe), True, {})
+            if view.encode(marked) != self.encode(plain):
                 raise TemplateError(
                     "chat template builds control tokens from pieces; message text and the "
                     "template's structure cannot be told apart"
@@ -172,8 +174,8 @@ class Tokenizer:
         return self._plain_view()[1]
 
     def prepare_chat_encoding(self) -> None:
-        """Build the plain view now (a copy of the tokenizer: ~0.1-0.3 s for a 50k vocabulary),
-        so no request waits for it."""
+        """Build the plain view and check the marked template now (a copy of the tokenizer:
+        ~0.1-0.5 s for a 50k vocabulary), so no request waits for them."""
         self._plain_view()
         if self.chat_template:
             _ = self._marked_template
