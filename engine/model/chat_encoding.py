@@ -120,7 +120,7 @@ class PlainView:
         """Token ids of marked text. ``encode_batch`` releases the GIL while it works (``encode``
         does not), so a long text on a worker thread leaves the event loop running. More than
         ``limit`` tokens raises ``TokenLimitExceeded`` before any id list is built."""
-        encoding = self._view.encode_batch([text], add_special_tokens=False)[0]
+        encoding = self._view.encode_batch_fast([text], add_special_tokens=False)[0]
         if limit is not None and len(encoding) > limit:
             raise TokenLimitExceeded(len(encoding), limit)
         to_control = self._to_control

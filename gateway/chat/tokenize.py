@@ -5,10 +5,13 @@ of CPU), and on the event loop that time would stall every other request. So::
 
     work <= INLINE_WORK characters        on the loop (a few ms at most; no thread hop)
     larger                                on ``threads`` worker threads; the HF tokenizer's
-                                          encode_batch releases the GIL, so the loop keeps running
+                                          encode releases the GIL, so the loop keeps running
+
+The worker threads run at a lower CPU priority (``nice`` +10 on Linux, where it is per thread):
+large prompts take the CPU the event loop and the engine leave, never the other way round.
 
 Tenants take turns: each tenant waits in its own queue and the next free thread takes the first
-job of the tenant whose turn it is (round robin), so a tenant sending many large prompts delays
+job of the waiting tenant served least recently, so a tenant sending many large prompts delays
 another tenant's large prompt by at most one job per thread, and small prompts not at all. Work
 is bounded: a tenant with ``per_tenant`` jobs waiting or running gets a 429 for the next one, and
 ``total`` such jobs across tenants answer 503; a job whose client went away before its turn is
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +34,7 @@ from gateway.errors import ApiError
 
 T = TypeVar("T")
 
+NICE = 10  # added to the worker threads' niceness
 INLINE_WORK = 4096  # characters tokenized on the loop: under ~5 ms even on a slow core
 MESSAGE_WORK = 64  # characters one message counts for (its template rendering, its turn tokens)
 
@@ -38,6 +43,11 @@ def default_threads() -> int:
     """A quarter of the cores, 1 to 4: large prompts are the exception, and the engine, the
     event loop and the rest of the host need the CPUs more."""
     return max(1, min(4, (os.cpu_count() or 1) // 4))
+
+
+def _lower_priority() -> None:
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed: as is
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
 
 
 def prompt_work(chars: int, messages: int) -> int:
@@ -60,9 +70,13 @@ class TokenizePool:
         self.threads = threads or default_threads()
         self.per_tenant = per_tenant or 4 * self.threads
         self.total = total or 16 * self.per_tenant
-        self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="kvgate-tokenize")
-        self._waiting: dict[str, deque[_Job]] = {}  # in turn order: first key goes next
+        self._executor = ThreadPoolExecutor(
+            self.threads, thread_name_prefix="kvgate-tokenize", initializer=_lower_priority
+        )
+        self._waiting: dict[str, deque[_Job]] = {}  # tenant -> its jobs not started, in order
         self._held: dict[str, int] = {}  # tenant -> jobs waiting or running
+        self._served: dict[str, int] = {}  # tenant (with jobs held) -> when it last had a turn
+        self._turns = 0
         self._running = 0
 
     async def run(self, tenant: str, work: int, fn: Callable[[], T]) -> T:
@@ -102,11 +116,13 @@ class TokenizePool:
 
     def _dispatch(self) -> None:
         while self._running < self.threads and self._waiting:
-            tenant = next(iter(self._waiting))
-            queue = self._waiting.pop(tenant)
+            tenant = min(self._waiting, key=lambda t: self._served.get(t, -1))
+            queue = self._waiting[tenant]
             job = queue.popleft()
-            if queue:
-                self._waiting[tenant] = queue  # to the back of the line
+            if not queue:
+                del self._waiting[tenant]
+            self._turns += 1
+            self._served[tenant] = self._turns
             job.started = True
             self._running += 1
             future = asyncio.wrap_future(self._executor.submit(job.fn))
@@ -140,6 +156,7 @@ class TokenizePool:
             self._held[tenant] = left
         else:
             del self._held[tenant]
+            self._served.pop(tenant, None)  # only tenants with jobs are remembered
 
     def warm(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
         """Run ``fn`` (a one-time preparation) on a worker thread, outside the tenant queues."""
@@ -151,6 +168,7 @@ class TokenizePool:
         assert 0 <= self._running <= self.threads, f"{self._running} running"
         assert sum(self._held.values()) == waiting + self._running, (self._held, waiting)
         assert all(n > 0 for n in self._held.values()), self._held
+        assert set(self._served) <= set(self._held), "a tenant without jobs is remembered"
 
     def close(self) -> None:
         for queue in self._waiting.values():
