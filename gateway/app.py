@@ -190,6 +190,8 @@ def _lifecycle(store: TenantStore, db: AsyncEngine, engine: Any, model_name: str
             pins = PinManager(engine, engine.tokenizer, store)
             stack.push_async_callback(pins.close)
             state = GatewayState(store, limiter, engine, engine.tokenizer, model_name, keys, pins)
+            stack.callback(state.prompts.close)
+            await state.prompts.warm(engine.tokenizer.prepare_chat_encoding)
             app[STATE] = state
             store.bus.subscribe(keys.on_event)
             store.bus.subscribe(pins.on_event)

@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
 from gateway.auth import KeyCache
+from gateway.chat.tokenize import TokenizePool
 from gateway.drain import Drain
 from gateway.pins import PinManager
 from gateway.ratelimit import Limiter
@@ -33,6 +34,7 @@ class GatewayState:
     pins: PinManager
     draining: bool = False  # set at shutdown: /readyz answers 503, new requests are refused
     drain: Drain = field(default_factory=Drain)  # chat requests in flight, cut at the deadline
+    prompts: TokenizePool = field(default_factory=TokenizePool)  # large prompts off the loop
 
 
 @dataclass(frozen=True)

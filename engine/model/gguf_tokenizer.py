@@ -20,11 +20,11 @@ Control tokens (type 3) become special added tokens (skipped when decoding), use
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import lru_cache
 from typing import Any
 
 from engine.model.config import ModelLoadError
 from engine.model.gguf_checks import check_merges, check_metadata
+from engine.model.text_bound import byte_alphabet
 from engine.model.tokenizer import Tokenizer
 
 CONTROL, USER_DEFINED = 3, 4
@@ -43,19 +43,6 @@ SPLITS = {
 }
 NFC_PRE = ("qwen2", "deepseek-r1-qwen", "megrez")
 DIGIT_PRE = ("smollm", "codeshell")
-
-
-@lru_cache(maxsize=1)
-def byte_alphabet() -> dict[int, str]:
-    """GPT-2's byte -> printable character map (the alphabet of byte-level vocabularies)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    out = {b: chr(b) for b in keep}
-    extra = 0
-    for b in range(256):
-        if b not in out:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
 
 
 def _spelled(token: str, alphabet: set[str]) -> str:

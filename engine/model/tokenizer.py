@@ -1,12 +1,29 @@
-"""Tokenizer (HF ``tokenizers``), chat template, EOS ids and streaming detokenization."""
+"""Tokenizer (HF ``tokenizers``), chat template, EOS ids and streaming detokenization.
+
+Two ways to encode: ``encode`` is the tokenizer's own (control tokens matched anywhere in the
+text; the tenant's system prompt, tests' parity with transformers); ``apply_chat_template(...,
+marked=True)`` + ``encode_marked`` encode a conversation whose control tokens come from the
+template alone, the messages as plain text (engine/model/chat_encoding.py).
+"""
 
 from __future__ import annotations
 
+import json
+import threading
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from engine.model.chat_template import render_chat
+from engine.model.chat_encoding import ControlMarks, PlainView
+from engine.model.chat_template import TemplateError, render_chat
 from engine.model.config import ModelLoadError, read_json
+from engine.model.text_bound import TextBound, text_bound
+
+# A conversation the template must render the same with control tokens marked or not.
+_PROBE = (
+    [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+    [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}],
+)
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -31,6 +48,11 @@ class Tokenizer:
         self.special_tokens = {k: _token_text(tokenizer_config.get(k)) for k in _SPECIAL_KEYS}
         self.add_bos = bool(tokenizer_config.get("add_bos_token", False))
         self.eos_token_ids = tuple(dict.fromkeys(eos_ids))  # ordered, unique
+        # One nonce per tokenizer, made here: the marks a render writes are the view's marks.
+        decoder = backend.get_added_tokens_decoder()
+        self.control_marks = ControlMarks({i: tok for i, tok in decoder.items() if tok.special})
+        self._lock = threading.Lock()
+        self._plain: tuple[PlainView, TextBound | None] | None = None
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> Tokenizer:
@@ -78,17 +100,93 @@ class Tokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        *,
+        marked: bool = False,
+        **extra: Any,
     ) -> str:
+        """The rendered conversation. ``marked``: the template's control tokens as marks, for
+        ``encode_marked`` (message text is checked for forged marks, rendered as sent)."""
         if not self.chat_template:
             raise ModelLoadError("tokenizer_config.json: no chat_template")
+        if not marked:
+            return self._render(
+                self.chat_template, self.special_tokens, messages, add_generation_prompt, extra
+            )
+        marks = self.control_marks
+        for m in messages:
+            if isinstance(m.get("content"), str):
+                marks.check_text(m["content"])
+        template, specials = self._marked_template
+        return self._render(template, specials, messages, add_generation_prompt, extra)
+
+    def _render(
+        self,
+        template: str,
+        specials: dict[str, str | None],
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        extra: dict[str, Any],
+    ) -> str:
         return render_chat(
-            self.chat_template,
+            template,
             messages,
             add_generation_prompt=add_generation_prompt,
-            special_tokens=self.special_tokens,
+            special_tokens=specials,
             **extra,
         )
+
+    @cached_property
+    def _marked_template(self) -> tuple[str, dict[str, str | None]]:
+        """The template and special-token names with control tokens as marks, checked to encode
+        a probe conversation exactly as the plain template does (a template that built a control
+        token from pieces would hide it from the marks: its structure would become text)."""
+        assert self.chat_template is not None
+        marks = self.control_marks
+        template = marks.mark(self.chat_template)
+        specials = {k: v if v is None else marks.mark(v) for k, v in self.special_tokens.items()}
+        view = self._plain_view()[0]
+        for probe in _PROBE:
+            try:
+                plain = self._render(self.chat_template, self.special_tokens, list(probe), True, {})
+            except TemplateError:
+                continue  # this template refuses the probe (a system turn, say); try the next
+            marked = self._render(template, specials, list(probe), True, {})
+            if view.encode(marked) != self.encode(plain):
+                raise TemplateError(
+                    "chat template builds control tokens from pieces; message text and the "
+                    "template's structure cannot be told apart"
+                )
+        return template, specials
+
+    def encode_marked(self, text: str, limit: int | None = None) -> list[int]:
+        """Ids of text from ``apply_chat_template(..., marked=True)``: marks -> control tokens,
+        all other text plain (control-token strings in messages are not matched). Releases the
+        GIL while it encodes. More than ``limit`` tokens raises ``TokenLimitExceeded``."""
+        return self._plain_view()[0].encode(text, limit)
+
+    @property
+    def text_bound(self) -> TextBound | None:
+        """How many characters of message text one token can cover at most
+        (engine/model/text_bound.py); None when this tokenizer can drop or fuse text."""
+        return self._plain_view()[1]
+
+    def prepare_chat_encoding(self) -> None:
+        """Build the plain view and check the marked template now (a copy of the tokenizer:
+        ~0.1-0.5 s for a 50k vocabulary), so no request waits for them."""
+        self._plain_view()
+        if self.chat_template:
+            _ = self._marked_template
+
+    def _plain_view(self) -> tuple[PlainView, TextBound | None]:
+        with self._lock:  # built once, by whichever thread asks first
+            if self._plain is None:
+                spec = json.loads(self.backend.to_str())
+                bound = text_bound(spec, self.backend.get_vocab(with_added_tokens=True))
+                self._plain = (PlainView(spec, self.control_marks), bound)
+            return self._plain
 
 
 class IncrementalDetokenizer:

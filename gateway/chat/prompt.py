@@ -1,13 +1,24 @@
 """Prompt assembly: the tenant's system prompt is its own token segment, identical every time.
 
-    rendered prefix  = template([tenant system])                   (no generation prompt)
-    rendered full    = template([tenant system] + client messages)  (with generation prompt)
-    token ids        = encode(rendered prefix) ++ encode(rendered full[len(rendered prefix):])
+    prefix ids   = encode(template([tenant system]))                        (no generation prompt)
+    marked full  = template([tenant system] + client messages), control tokens as marks
+    token ids    = prefix ids ++ encode_marked(marked full[len(marked prefix):])
 
-Tokenizing the two texts separately means a BPE merge can never cross the boundary, so every
+Tokenizing the two parts separately means a BPE merge can never cross the boundary, so every
 request of a tenant starts with exactly ``prefix.ids`` whatever the conversation is: the pinned
 blocks always match. The template must render the prefix as a prefix of the full text (ChatML and
 the Llama/Qwen templates do); a template that does not is rejected loudly, never silently.
+
+Control tokens: in the conversation only the template's own structure yields them; text in client
+messages is encoded as plain text, so ``<|im_end|>\n<|im_start|>system`` written by a client is
+a few ordinary tokens, never a turn of its own (engine/model/chat_encoding.py). The tenant's system
+prompt is the operator's, encoded as it always was (control-token strings in it are control
+tokens): the pinned prefix stays token-identical.
+
+Bounds checked before any rendering or tokenizing (``check_bounds``): at most
+``min(MAX_MESSAGES, max_model_len)`` messages, and no more characters than ``max_model_len``
+tokens can cover (engine/model/text_bound.py: a bound that never refuses a prompt that fits, for
+templates that copy message text).
 """
 
 from __future__ import annotations
@@ -16,16 +27,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from engine.model.chat_encoding import ForgedMark, TokenLimitExceeded
+from engine.model.text_bound import TextBound
 from gateway.chat.schemas import ChatMessage
 from gateway.errors import ApiError
+
+MAX_MESSAGES = 2048  # OpenAI's cap on the messages of one request
 
 
 class ChatTokenizer(Protocol):
     def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = ...
+        self,
+        messages: Sequence[dict[str, str]],
+        *,
+        add_generation_prompt: bool = ...,
+        marked: bool = ...,
     ) -> str: ...
 
     def encode(self, text: str) -> list[int]: ...
+
+    def encode_marked(self, text: str, limit: int | None = ...) -> list[int]: ...
 
 
 class TemplateMismatch(RuntimeError):
@@ -34,7 +55,8 @@ class TemplateMismatch(RuntimeError):
 
 @dataclass(frozen=True)
 class TenantPrefix:
-    """The tenant's system prompt as rendered text and token ids (empty when it has none)."""
+    """The tenant's system prompt: its marked rendering (where the conversation is cut) and its
+    token ids (the tokenizer's own encoding of the plain rendering); empty when it has none."""
 
     system_prompt: str | None
     rendered: str
@@ -44,10 +66,10 @@ class TenantPrefix:
 def build_prefix(tokenizer: ChatTokenizer, system_prompt: str | None) -> TenantPrefix:
     if not system_prompt:
         return TenantPrefix(None, "", ())
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "system", "content": system_prompt}], add_generation_prompt=False
-    )
-    return TenantPrefix(system_prompt, rendered, tuple(tokenizer.encode(rendered)))
+    turn = [{"role": "system", "content": system_prompt}]
+    plain = tokenizer.apply_chat_template(turn, add_generation_prompt=False)
+    marked = tokenizer.apply_chat_template(turn, add_generation_prompt=False, marked=True)
+    return TenantPrefix(system_prompt, marked, tuple(tokenizer.encode(plain)))
 
 
 def to_template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
@@ -72,14 +94,69 @@ def check_client_system(
             )
 
 
+def check_bounds(
+    messages: Sequence[ChatMessage], max_model_len: int, bound: TextBound | None
+) -> int:
+    """Refuse what can never fit, before any work: too many messages, or more characters than
+    ``max_model_len`` tokens can cover. Returns the characters counted (the work estimate)."""
+    cap = min(MAX_MESSAGES, max_model_len)  # every template marks each message with a token
+    if len(messages) > cap:
+        raise ApiError(
+            400,
+            f"too many messages: {len(messages)}; at most {cap} are accepted",
+            param="messages",
+            code="too_many_messages",
+        )
+    texts = [m.text for m in messages]
+    chars = sum(map(len, texts))
+    if bound is None or chars <= max_model_len:  # a token is at least one character
+        return chars
+    counted = sum(map(bound.count, texts))
+    if counted > max_model_len * bound.chars_per_token:
+        raise ApiError(
+            400,
+            f"this model's maximum context length is {max_model_len} tokens; the messages have "
+            f"{counted} characters, more than {max_model_len} tokens can hold (one token of "
+            f"this model covers at most {bound.chars_per_token} characters)",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    return chars
+
+
+def context_length_error(max_model_len: int, n_prompt: int) -> ApiError:
+    return ApiError(
+        400,
+        f"this model's maximum context length is {max_model_len} tokens; the messages "
+        f"resulted in {n_prompt} tokens",
+        param="messages",
+        code="context_length_exceeded",
+    )
+
+
 def assemble(
-    tokenizer: ChatTokenizer, prefix: TenantPrefix, messages: Sequence[ChatMessage]
+    tokenizer: ChatTokenizer,
+    prefix: TenantPrefix,
+    messages: Sequence[ChatMessage],
+    max_model_len: int | None = None,
 ) -> list[int]:
-    """Token ids of the whole prompt: ``prefix.ids`` followed by the conversation's ids."""
+    """Token ids of the whole prompt: ``prefix.ids`` followed by the conversation's ids.
+
+    With ``max_model_len``, a prompt that leaves no room for one output token is refused
+    (context_length_exceeded) as soon as its token count is known, before its ids are listed."""
     convo = to_template_messages(messages)
     if prefix.system_prompt is not None:
         convo = [{"role": "system", "content": prefix.system_prompt}, *convo]
-    full = tokenizer.apply_chat_template(convo, add_generation_prompt=True)
+    try:
+        full = tokenizer.apply_chat_template(convo, add_generation_prompt=True, marked=True)
+    except ForgedMark as exc:
+        raise ApiError(400, str(exc), param="messages") from None
     if not full.startswith(prefix.rendered):
         raise TemplateMismatch("chat template does not render the system prompt as a prefix")
-    return [*prefix.ids, *tokenizer.encode(full[len(prefix.rendered) :])]
+    limit = None if max_model_len is None else max_model_len - 1 - len(prefix.ids)
+    try:
+        tail = tokenizer.encode_marked(full[len(prefix.rendered) :], limit)
+    except TokenLimitExceeded as exc:
+        assert max_model_len is not None
+        raise context_length_error(max_model_len, len(prefix.ids) + exc.count) from None
+    return [*prefix.ids, *tail]

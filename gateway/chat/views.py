@@ -3,9 +3,15 @@
 Order of checks (each failure is an OpenAI-shaped error; nothing reaches the engine before the
 limiter admitted it)::
 
-    key (401/403) -> body (400) -> model (404) -> client system policy, widget n (400)
-    -> prompt assembly -> context length, logprobs size (400) -> rate limit (429 + headers;
-    400 for n above a concurrency limit) -> engine -> JSON or SSE
+    key (401/403) -> body (400, 413) -> model (404) -> client system policy, widget n (400)
+    -> prompt bounds: messages, characters (400; no rendering or tokenizing yet)
+    -> prompt assembly (small: on the loop; large: on the tokenize threads, 429 / 503 when the
+       tenant's / everyone's queue is full) -> context length, logprobs size (400)
+    -> rate limit (429 + headers; 400 for n above a concurrency limit) -> engine -> JSON or SSE
+
+Every refusal after the key and before admission is charged: one request from the RPM of each of
+the request's scopes (``Limiter.charge``), so refused requests cost a client as admitted ones do;
+a client already out of requests gets the 429 instead of the refusal.
 
 The lease, TPM reservation and pin reference are given back in ``finally`` blocks, which also
 run when aiohttp cancels the handler because the client went away (handler cancellation is on),
@@ -17,6 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable
+from functools import partial
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -27,7 +36,7 @@ from gateway.chat.cache_scope import request_cache_scope
 from gateway.chat.generation import ChoiceGroup, GenerationStats, Piece
 from gateway.chat.logprobs import LogprobFormatter
 from gateway.chat.observe import RequestObserver
-from gateway.chat.prompt import assemble, check_client_system
+from gateway.chat.prompt import assemble, check_bounds, check_client_system, context_length_error
 from gateway.chat.schemas import (
     ChatRequest,
     choice_body,
@@ -37,15 +46,18 @@ from gateway.chat.schemas import (
     usage_body,
 )
 from gateway.chat.sse import open_stream, send_done, send_event
+from gateway.chat.tokenize import prompt_work
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState
 from gateway.drain import SHUTDOWN_CODE, shutdown_error
 from gateway.errors import REQUEST_ID, TENANT, ApiError, new_request_id, to_api_error
 from gateway.pins import PromptEntry
-from gateway.ratelimit import Decision, Lease, Scope
+from gateway.ratelimit import Decision, Lease, LimiterUnavailable, Scope
 from gateway.ratelimit.scopes import VisitorDefaults, admission_scopes, client_address
 from gateway.ratelimit.types import REASON_TOO_WIDE
 from gateway.settings import ModelSettings
 from tenants.runtime import TenantRuntime
+
+T = TypeVar("T")
 
 CLIENT_CLOSED = 499  # status recorded when the client went away mid-request
 UNKNOWN_TENANT = ""  # metrics label of requests refused before the key was known
@@ -69,22 +81,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             raise shutdown_error()
         principal = await state.keys.authenticate(request)
         tenant_id = request[TENANT] = principal.runtime.tenant_id
-        body = parse_chat_request(await request.read())
-        if body.model != state.model_name:
-            raise ApiError(
-                404,
-                "the requested model does not exist",  # not quoted: it may be anything
-                code="model_not_found",
-                param="model",
-            )
-        check_client_system(
-            body.messages, principal.allow_client_system, widget=principal.is_widget
-        )
-        check_choices(
-            body.num_choices,
-            widget=principal.is_widget,
-            max_choices=principal.runtime.widget.max_choices,
-        )
+        body = await _charged(request, principal, _read_body(request, state, principal))
     except Exception as exc:
         # Refused before a request span exists (bad key or body, body too large, database
         # down): counted here, logged by the error middleware (one request_refused line).
@@ -126,6 +123,50 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             obs.finish(status, stats or obs.stats, error)
 
 
+async def _read_body(
+    request: web.Request, state: GatewayState, principal: Principal
+) -> ChatRequest:
+    body = parse_chat_request(await request.read())
+    if body.model != state.model_name:
+        raise ApiError(
+            404,
+            "the requested model does not exist",  # not quoted: it may be anything
+            code="model_not_found",
+            param="model",
+        )
+    check_client_system(body.messages, principal.allow_client_system, widget=principal.is_widget)
+    check_choices(
+        body.num_choices,
+        widget=principal.is_widget,
+        max_choices=principal.runtime.widget.max_choices,
+    )
+    return body
+
+
+async def _charged(request: web.Request, principal: Principal, step: Awaitable[T]) -> T:
+    """``step``'s result. A refusal from it (a 4xx) first costs the client one request of its
+    RPM; a client with none left gets that 429 instead."""
+    try:
+        return await step
+    except (ApiError, web.HTTPException) as exc:
+        if 400 <= exc.status < 500:
+            await _charge_refusal(request, principal, exc)
+        raise
+
+
+async def _charge_refusal(request: web.Request, principal: Principal, refusal: Exception) -> None:
+    lease = Lease.new(principal.runtime.tenant_id, _scopes(request, principal), 0)
+    try:
+        decision = await request.app[STATE].limiter.charge(lease)
+    except LimiterUnavailable:
+        return  # failing closed with Redis away: nothing is admitted, the refusal stands
+    if not decision.allowed:
+        metrics = request.app[TELEMETRY].metrics
+        reason, scope = decision.reason or "unknown", decision.scope or "tenant"
+        metrics.ratelimit_rejections.labels(lease.tenant, reason, scope).inc()
+        raise rate_limit_error(decision) from refusal
+
+
 def _stream_failure(exc: BaseException) -> ApiError:
     if isinstance(exc, asyncio.CancelledError):
         return shutdown_error()
@@ -154,16 +195,10 @@ async def _serve(
     lease: Lease | None = None
     n_prompt = 0
     try:
-        prompt_ids = assemble(state.tokenizer, entry.prefix, body.messages)
-        n_prompt = len(prompt_ids)
-        settings = request.app[SETTINGS]
-        max_tokens = resolve_max_tokens(
-            body, rt, n_prompt, state.engine.max_model_len, settings.model.default_max_tokens
+        prompt_ids, params = await _charged(
+            request, principal, _prepare(request, state, entry, body, rt, obs)
         )
-        obs.set_max_tokens(max_tokens)
-        if not body.stream:
-            check_logprobs_size(body.num_choices, max_tokens, body.num_logprobs)
-        params = sampling_params(body, max_tokens, settings.model, state.tokenizer.vocab_size)
+        n_prompt, max_tokens = len(prompt_ids), params.max_tokens
         # n choices: the prompt once (the engine prefills it once, the choices share its KV
         # blocks, and usage reports it once), up to max_tokens for each choice; and n
         # concurrency slots, one per engine request.
@@ -198,6 +233,32 @@ async def _serve(
         await asyncio.shield(_give_back(state, entry, gen, lease, n_prompt))
 
 
+async def _prepare(
+    request: web.Request,
+    state: GatewayState,
+    entry: PromptEntry,
+    body: ChatRequest,
+    rt: TenantRuntime,
+    obs: RequestObserver,
+) -> tuple[list[int], SamplingParams]:
+    """Prompt ids and sampling parameters, or the refusal: cheap bounds first, then the prompt
+    (on the loop or the tokenize threads), then the limits that need its length."""
+    max_len = state.engine.max_model_len
+    chars = check_bounds(body.messages, max_len, state.tokenizer.text_bound)
+    work = prompt_work(chars, len(body.messages))
+    prompt_ids = await state.prompts.run(
+        rt.tenant_id, work, partial(assemble, state.tokenizer, entry.prefix, body.messages, max_len)
+    )
+    settings = request.app[SETTINGS]
+    max_tokens = resolve_max_tokens(
+        body, rt, len(prompt_ids), max_len, settings.model.default_max_tokens
+    )
+    obs.set_max_tokens(max_tokens)
+    if not body.stream:
+        check_logprobs_size(body.num_choices, max_tokens, body.num_logprobs)
+    return prompt_ids, sampling_params(body, max_tokens, settings.model, state.tokenizer.vocab_size)
+
+
 async def _give_back(
     state: GatewayState,
     entry: PromptEntry,
@@ -226,13 +287,7 @@ def resolve_max_tokens(
     cap = rt.limits.max_output_tokens or default
     room = max_model_len - n_prompt
     if room < 1:
-        raise ApiError(
-            400,
-            f"this model's maximum context length is {max_model_len} tokens; the messages "
-            f"resulted in {n_prompt} tokens",
-            param="messages",
-            code="context_length_exceeded",
-        )
+        raise context_length_error(max_model_len, n_prompt)
     requested = body.requested_max_tokens
     if requested is None:
         return min(default, cap, room)

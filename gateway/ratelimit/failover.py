@@ -89,15 +89,31 @@ class FailoverLimiter:
         self.fallback_decisions += 1
         return await self.fallback.acquire(lease, self.share)
 
+    async def charge(self, lease: Lease) -> Decision:
+        if not self.down:
+            try:
+                decision = await self.primary.charge(lease)
+            except REDIS_ERRORS as exc:
+                await self._mark_down(exc)
+            else:
+                self._mirror_debts(lease, decision)
+                return decision
+        if not self.fail_open:
+            raise LimiterUnavailable("rate limiter unavailable")
+        return await self.fallback.charge(lease, self.share)
+
     def _mirror(self, lease: Lease, decision: Decision) -> None:
+        self._mirror_debts(lease, decision)
+        if decision.allowed:
+            self.fallback.adopt(lease)
+
+    def _mirror_debts(self, lease: Lease, decision: Decision) -> None:
         for scope, state in zip(lease.scopes, decision.states, strict=True):
             key = scope_key(lease.tenant, scope)
             if state.requests is not None:
                 self.fallback.mirror(key, "rpm", state.requests.reset_ms, scope.limits.rpm)
             if state.tokens is not None:
                 self.fallback.mirror(key, "tpm", state.tokens.reset_ms, scope.limits.tpm)
-        if decision.allowed:
-            self.fallback.adopt(lease)
 
     def _hints(self, lease: Lease) -> Sequence[tuple[float, float]] | None:
         """Within a minute of a recovery: this replica's debts, to seed what Redis lost."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from gateway.ratelimit.leases import Held, LeaseBook, Renewer
 from gateway.ratelimit.types import (
@@ -112,6 +113,28 @@ class MemoryLimiter:
             for s, c in zip(lease.scopes, charges, strict=True)
         )
         return Decision.of(lease, states, reason, at, retry)
+
+    async def charge(self, lease: Lease, share: float = 1.0) -> Decision:
+        now = self._clock()
+        keys = [scope_key(lease.tenant, s) for s in lease.scopes]
+        charges = [
+            self._charge(k, s, 0, share, now) for k, s in zip(keys, lease.scopes, strict=True)
+        ]
+        reason, at, retry = None, None, 0.0
+        for i, (scope, (rpm_new, _, _, _)) in enumerate(zip(lease.scopes, charges, strict=True)):
+            if scope.limits.rpm and rpm_new - now > PERIOD_MS:
+                reason, at, retry = REASON_REQUESTS, i, rpm_new - now - PERIOD_MS
+                break
+        for key, scope, charge in zip(keys, lease.scopes, charges, strict=True):
+            if reason is None and scope.limits.rpm:
+                self._store((key, "rpm"), charge[0], scope.limits.rpm, now)
+        states = tuple(
+            ScopeState(
+                s.kind, _quota(s.limits.rpm, c[0] if reason is None else c[2], share, now), None
+            )
+            for s, c in zip(lease.scopes, charges, strict=True)
+        )
+        return replace(Decision.of(lease, states, reason, at, retry), lease=None)
 
     def _take(self, keys: list[ScopeKey], lease: Lease, charges: list[Charge], now: float) -> None:
         for key, scope, charge in zip(keys, lease.scopes, charges, strict=True):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
@@ -95,6 +96,12 @@ class RedisLimiter:
         (self.book.admitted if decision.allowed else self.book.rejected)(lease)
         return decision
 
+    async def charge(self, lease: Lease) -> Decision:
+        keys = [f"{self.scope_base(lease.tenant, s)}:rpm" for s in lease.scopes]
+        args: list[object] = ["charge", *(s.limits.rpm for s in lease.scopes)]
+        reply = await self._calls.run(keys, args)
+        return _charge_decision(lease, [int(x) for x in reply.split()])
+
     async def release(self, lease: Lease, used_tokens: int) -> None:
         held, held_ms, _ = self.book.finish(lease)
         if held is Held.NONE:
@@ -169,3 +176,15 @@ def _decision(lease: Lease, values: list[int]) -> Decision:
         )
     rejecting = at - 1 if not allowed else None
     return Decision.of(lease, tuple(states), REASONS[reason], rejecting, float(retry))
+
+
+def _charge_decision(lease: Lease, values: list[int]) -> Decision:
+    allowed, reason, at, retry = values[:4]
+    states = []
+    for i, scope in enumerate(lease.scopes):
+        remaining, reset = values[4 + 2 * i : 6 + 2 * i]
+        rpm = scope.limits.rpm
+        states.append(ScopeState(scope.kind, Quota(rpm, remaining, reset) if rpm else None, None))
+    rejecting = at - 1 if not allowed else None
+    decision = Decision.of(lease, tuple(states), REASONS[reason], rejecting, float(retry))
+    return replace(decision, lease=None)

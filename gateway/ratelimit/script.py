@@ -15,6 +15,9 @@ GCRA_LUA = r"""
 --   release ARGV: mode, lease id, used tokens, reserved tokens, held ms, uncertain (0|1),
 --                 lease ttl ms, slots, n, then per scope: rpm, tpm, max_concurrency
 -- mode "renew":  KEYS = lease ZSETs; ARGV: mode, ttl ms, then (key index, lease id, slots)
+-- mode "charge": KEYS = per scope its RPM TAT; ARGV: mode, then per scope its rpm. One request
+--                from every scope (a refused request's cost), or from none when one has no
+--                room; replies as acquire does, with "rpm_remaining rpm_reset_ms" per scope
 --
 -- A lease of s slots is s members of each lease ZSET: the lease id, then "id:1" .. "id:s-1",
 -- all with the same expiry; so ZCARD is the slots held, and expiry, renewal and release treat
@@ -104,6 +107,29 @@ end
 local function remaining(limit, tat)
   if limit <= 0 then return -1 end
   return math.floor((PERIOD - (tat - now)) / (PERIOD / limit))
+end
+
+if mode == 'charge' then
+  local reason, at, retry, tats, news = 0, 0, 0, {}, {}
+  for i = 1, #KEYS do
+    local rpm = tonumber(ARGV[1 + i])
+    tats[i], news[i] = now, now
+    if rpm > 0 then
+      tats[i] = load_tat(KEYS[i], rpm, 0)
+      news[i] = tats[i] + PERIOD / rpm
+      if reason == 0 and news[i] - now > PERIOD then
+        reason, at, retry = 1, i, news[i] - now - PERIOD
+      end
+    end
+  end
+  local out = {}
+  for i = 1, #KEYS do
+    local rpm = tonumber(ARGV[1 + i])
+    if reason ~= 0 then news[i] = tats[i] elseif rpm > 0 then store_tat(KEYS[i], news[i], rpm) end
+    out[#out + 1] = string.format('%d %d', remaining(rpm, news[i]), math.ceil(news[i] - now))
+  end
+  return string.format('%d %d %d %d ', reason == 0 and 1 or 0, reason, at, math.ceil(retry))
+    .. table.concat(out, ' ')
 end
 
 local id = ARGV[2]

@@ -17,6 +17,10 @@ admitted only if every scope admits it; nothing is taken from any scope otherwis
 Lease life cycle: the caller makes the ``Lease`` (its id) *before* the admission call and
 releases it in a ``finally`` whatever happened to that call (admitted, rejected, timed out,
 cancelled). ``release`` is idempotent and safe for a lease that was never admitted.
+
+Refusals: a request refused after authentication but before admission (too long, bad body) is
+*charged*: one request from the RPM of each of its scopes, so a client cannot loop refusals for
+free (``charge``; no tokens, no lease).
 """
 
 from __future__ import annotations
@@ -142,7 +146,7 @@ class Decision:
     requests: Quota | None  # the most restrictive scope's (the rejecting scope's when rejected)
     tokens: Quota | None
     retry_after_ms: float  # 0 when allowed; -1 when never admissible
-    lease: Lease | None  # set exactly when allowed
+    lease: Lease | None  # set exactly when an admission allowed it (never for a charge)
     states: tuple[ScopeState, ...] = ()  # per scope, in the lease's order
 
     @classmethod
@@ -211,6 +215,13 @@ def format_duration(ms: float) -> str:
 class Limiter(Protocol):
     async def acquire(self, lease: Lease) -> Decision:
         """Check every scope of ``lease`` and, if all admit, take from all of them."""
+        ...
+
+    async def charge(self, lease: Lease) -> Decision:
+        """Take one request from the RPM of every scope of ``lease`` (a request refused before
+        admission: it costs its client as an admitted one would), or from none when a scope has
+        no room (``allowed`` false, reason "requests"). Takes no tokens and holds no lease: the
+        decision's ``lease`` is None, there is nothing to release."""
         ...
 
     async def release(self, lease: Lease, used_tokens: int) -> None:

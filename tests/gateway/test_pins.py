@@ -132,13 +132,20 @@ class CountingTokenizer:
         self.encoded: list[str] = []
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = False
+        self,
+        messages: Sequence[dict[str, str]],
+        *,
+        add_generation_prompt: bool = False,
+        marked: bool = False,  # no control tokens here: the marked text is the same
     ) -> str:
         text = "".join(f"<{m['role']}>{m['content']}</>" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
     def encode(self, text: str) -> list[int]:
         self.encoded.append(text)
+        return [ord(c) for c in text]
+
+    def encode_marked(self, text: str, limit: int | None = None) -> list[int]:
         return [ord(c) for c in text]
 
 

@@ -156,6 +156,37 @@ async def test_every_scope_must_admit_and_the_rejecting_scope_is_named(
     assert await held(limiter, "t") == 0 and await held(limiter, "t", visitor) == 0
 
 
+async def test_a_charge_takes_one_request_from_every_scope_and_nothing_else(
+    limiter: Limiter,
+) -> None:
+    tenant = Scope("tenant", "t", Limits(rpm=10, tpm=1000, max_concurrency=1))
+    key = Scope("key", "k", Limits(rpm=2))
+    charged = await limiter.charge(Lease.new("t", (tenant, key), 0))
+    assert charged.allowed and charged.lease is None
+    assert [s.requests.remaining for s in charged.states] == [9, 1]
+    assert all(s.tokens is None for s in charged.states)
+    assert await held(limiter, "t") == 0  # no lease: nothing to release
+    # The admission that follows finds the request gone, all tokens and the concurrency slot.
+    admitted = await limiter.acquire(Lease.new("t", (tenant, key), 1000))
+    assert admitted.allowed and admitted.states[0].requests.remaining == 8
+    assert admitted.states[0].tokens.remaining == 0 and admitted.states[1].requests.remaining == 0
+    # No request left in the key scope: the charge is refused and takes nothing anywhere.
+    refused = await limiter.charge(Lease.new("t", (tenant, key), 0))
+    assert not refused.allowed and refused.reason == "requests" and refused.scope == "key"
+    assert refused.headers()["x-ratelimit-remaining-requests"] == "0"
+    assert 29_000 <= refused.retry_after_ms <= 30_000  # rpm 2: one slot every 30 s
+    other_key = Scope("key", "k2", Limits(rpm=2))
+    after = await limiter.charge(Lease.new("t", (tenant, other_key), 0))
+    assert after.allowed and after.states[0].requests.remaining == 7  # the tenant lost none
+    await limiter.release(admitted.lease, 1000)
+
+
+async def test_a_charge_in_an_unlimited_scope_reports_nothing(limiter: Limiter) -> None:
+    charged = await limiter.charge(Lease.single("t", Limits(), 0))
+    assert charged.allowed and charged.states[0].requests is None
+    assert charged.headers() == {"x-ratelimit-scope": "tenant"}
+
+
 async def test_lease_expires_by_ttl_unless_renewed() -> None:
     now = [0.0]
     lim = MemoryLimiter(lease_ttl_s=1.0, clock=lambda: now[0])

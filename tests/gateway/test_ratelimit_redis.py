@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import redis.asyncio as aioredis
 
 from gateway.ratelimit import (
@@ -157,6 +158,37 @@ async def test_fail_open_while_redis_is_down_and_recover(private_redis: RedisSer
     assert lim.failovers == 1
     await lim.release(after.lease, 1)
     assert await lim.primary.active_leases("t") == 0
+    await lim.close()
+
+
+async def test_charges_fail_over_and_the_debt_is_mirrored(private_redis: RedisServer) -> None:
+    lim = FailoverLimiter(
+        RedisLimiter(make_client(private_redis.url, 0.2), "kvgate:"),
+        MemoryLimiter(),
+        fail_open=True,
+        retry_s=60.0,
+    )
+    limits = Limits(rpm=3)
+    assert (await lim.charge(Lease.single("t", limits, 0))).allowed  # in Redis, mirrored
+    private_redis.stop()
+    down = await lim.charge(Lease.single("t", limits, 0))
+    assert lim.down and down.allowed and down.states[0].requests.remaining == 1
+    assert (await lim.acquire(Lease.single("t", limits, 1))).allowed
+    refused = await lim.charge(Lease.single("t", limits, 0))
+    assert not refused.allowed and refused.reason == "requests"
+    await lim.close()
+
+
+async def test_a_charge_fails_closed_when_configured(private_redis: RedisServer) -> None:
+    lim = FailoverLimiter(
+        RedisLimiter(make_client(private_redis.url, 0.2), "kvgate:"),
+        MemoryLimiter(),
+        fail_open=False,
+        retry_s=60.0,
+    )
+    private_redis.stop()
+    with pytest.raises(LimiterUnavailable):
+        await lim.charge(Lease.single("t", Limits(rpm=5), 0))
     await lim.close()
 
 
