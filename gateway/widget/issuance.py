@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from gateway.auth import Principal
-from gateway.chat.views import rate_limit_error
+from gateway.chat.admission import rate_limit_error
 from gateway.context import GatewayState
 from gateway.ratelimit import SCOPE_KEY, SCOPE_TENANT, Decision, Lease, Limits, Scope
 from tenants.runtime import TenantRuntime

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from gateway.chat.admission import sampling_params
 from gateway.chat.schemas import ChatRequest, parse_chat_request
-from gateway.chat.views import sampling_params
 from gateway.errors import ApiError
 from gateway.settings import Settings
 

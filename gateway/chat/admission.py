@@ -1,0 +1,198 @@
+"""Admission of a chat request, before the engine: body, cheap bounds, prompt, parameters,
+limits (the order of checks is in gateway/chat/views.py's docstring).
+
+Every refusal after the key and before admission goes through :func:`charged`: it first costs
+the client one request of its RPM (``Limiter.charge``); a client with none left gets that 429.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from functools import partial
+from typing import TypeVar
+
+from aiohttp import web
+
+from engine.params import SamplingParams
+from gateway.auth import Principal
+from gateway.chat.bounds import check_choices, check_logprobs_size, too_wide_error
+from gateway.chat.observe import RequestObserver
+from gateway.chat.prompt import assemble, check_bounds, check_client_system, context_length_error
+from gateway.chat.schemas import ChatRequest, parse_chat_request
+from gateway.chat.tokenize import prompt_work
+from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState
+from gateway.errors import ApiError
+from gateway.pins import PromptEntry
+from gateway.ratelimit import Decision, Lease, LimiterUnavailable, Scope
+from gateway.ratelimit.scopes import VisitorDefaults, admission_scopes, client_address
+from gateway.ratelimit.types import REASON_TOO_WIDE
+from gateway.settings import ModelSettings
+from tenants.runtime import TenantRuntime
+
+T = TypeVar("T")
+
+
+async def read_body(request: web.Request, state: GatewayState, principal: Principal) -> ChatRequest:
+    body = parse_chat_request(await request.read())
+    if body.model != state.model_name:
+        raise ApiError(
+            404,
+            "the requested model does not exist",  # not quoted: it may be anything
+            code="model_not_found",
+            param="model",
+        )
+    check_client_system(body.messages, principal.allow_client_system, widget=principal.is_widget)
+    check_choices(
+        body.num_choices,
+        widget=principal.is_widget,
+        max_choices=principal.runtime.widget.max_choices,
+    )
+    return body
+
+
+async def charged(request: web.Request, principal: Principal, step: Awaitable[T]) -> T:
+    """``step``'s result. A refusal from it (a 4xx) first costs the client one request of its
+    RPM; a client with none left gets that 429 instead."""
+    try:
+        return await step
+    except (ApiError, web.HTTPException) as exc:
+        if 400 <= exc.status < 500:
+            await _charge_refusal(request, principal, exc)
+        raise
+
+
+async def _charge_refusal(request: web.Request, principal: Principal, refusal: Exception) -> None:
+    lease = Lease.new(principal.runtime.tenant_id, request_scopes(request, principal), 0)
+    try:
+        decision = await request.app[STATE].limiter.charge(lease)
+    except LimiterUnavailable:
+        return  # failing closed with Redis away: nothing is admitted, the refusal stands
+    if not decision.allowed:
+        metrics = request.app[TELEMETRY].metrics
+        reason, scope = decision.reason or "unknown", decision.scope or "tenant"
+        metrics.ratelimit_rejections.labels(lease.tenant, reason, scope).inc()
+        raise rate_limit_error(decision) from refusal
+
+
+async def prepare(
+    request: web.Request,
+    state: GatewayState,
+    entry: PromptEntry,
+    body: ChatRequest,
+    rt: TenantRuntime,
+    obs: RequestObserver,
+) -> tuple[list[int], SamplingParams]:
+    """Prompt ids and sampling parameters, or the refusal: cheap bounds first, then the prompt
+    (on the loop or the tokenize threads), then the limits that need its length."""
+    max_len = state.engine.max_model_len
+    chars = check_bounds(body.messages, max_len, state.tokenizer.text_bound)
+    work = prompt_work(chars, len(body.messages))
+    prompt_ids = await state.prompts.run(
+        rt.tenant_id, work, partial(assemble, state.tokenizer, entry.prefix, body.messages, max_len)
+    )
+    settings = request.app[SETTINGS]
+    max_tokens = resolve_max_tokens(
+        body, rt, len(prompt_ids), max_len, settings.model.default_max_tokens
+    )
+    obs.set_max_tokens(max_tokens)
+    if not body.stream:
+        check_logprobs_size(body.num_choices, max_tokens, body.num_logprobs)
+    return prompt_ids, sampling_params(body, max_tokens, settings.model, state.tokenizer.vocab_size)
+
+
+def resolve_max_tokens(
+    body: ChatRequest, rt: TenantRuntime, n_prompt: int, max_model_len: int, default: int
+) -> int:
+    cap = rt.limits.max_output_tokens or default
+    room = max_model_len - n_prompt
+    if room < 1:
+        raise context_length_error(max_model_len, n_prompt)
+    requested = body.requested_max_tokens
+    if requested is None:
+        return min(default, cap, room)
+    if requested > cap:
+        raise ApiError(
+            400,
+            f"max_tokens is too large: {requested}; this tenant allows at most {cap}",
+            param="max_tokens",
+            code="max_tokens_exceeded",
+        )
+    if requested > room:
+        raise ApiError(
+            400,
+            f"this model's maximum context length is {max_model_len} tokens; you requested "
+            f"{n_prompt + requested} tokens ({n_prompt} in the messages, {requested} for the "
+            "completion)",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return requested
+
+
+def sampling_params(
+    body: ChatRequest, max_tokens: int, defaults: ModelSettings, vocab_size: int
+) -> SamplingParams:
+    """The engine's parameters: the request's, else the model's defaults (settings)."""
+    bias = body.bias
+    if any(tok >= vocab_size for tok, _ in bias):
+        raise ApiError(
+            400,
+            f"invalid key in logit_bias: token ids must be below {vocab_size}",
+            param="logit_bias",
+        )
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=_given(body.temperature, defaults.default_temperature),
+        top_p=_given(body.top_p, defaults.default_top_p),
+        top_k=body.top_k or 0,
+        min_p=body.min_p or 0.0,
+        seed=body.seed,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=_given(body.frequency_penalty, defaults.default_frequency_penalty),
+        repetition_penalty=_given(body.repetition_penalty, defaults.default_repetition_penalty),
+        logit_bias=bias,
+        logprobs=body.num_logprobs,
+    )
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def request_scopes(request: web.Request, principal: Principal) -> tuple[Scope, ...]:
+    rl = request.app[SETTINGS].ratelimit
+    address = client_address(
+        request.remote, request.headers.get("X-Forwarded-For"), rl.trusted_proxies
+    )
+    defaults = VisitorDefaults(rl.visitor_rpm, rl.visitor_tpm, rl.visitor_max_concurrency)
+    return admission_scopes(
+        principal.runtime, principal.identity, principal.end_user_id, address, defaults
+    )
+
+
+async def admit(state: GatewayState, lease: Lease, obs: RequestObserver) -> Decision:
+    with obs.child("gen_ai.rate_limit"):
+        decision = await state.limiter.acquire(lease)
+    if decision.allowed:
+        return decision
+    obs.rejected(decision.reason or "unknown", decision.scope or "tenant")
+    if decision.reason == REASON_TOO_WIDE:  # n above max_concurrency: never admissible
+        limit = next(s.limits for s in lease.scopes if s.kind == decision.scope)
+        raise too_wide_error(lease.slots, decision.scope or "tenant", limit.max_concurrency)
+    raise rate_limit_error(decision)
+
+
+def rate_limit_error(decision: Decision) -> ApiError:
+    what = {
+        "requests": "requests per minute",
+        "tokens": "tokens per minute",
+        "concurrency": "concurrent requests",
+        "too_large": "tokens per minute (this request alone exceeds the limit)",
+    }.get(decision.reason or "", "rate limit")
+    return ApiError(
+        429,
+        f"rate limit reached for {what} (scope: {decision.scope or 'tenant'})",
+        type_="rate_limit_exceeded",
+        code="rate_limit_exceeded",
+        headers=decision.headers(),
+    )
