@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "gateway": ("bench.gateway", "gateway + limiter overhead vs AsyncEngine directly"),
     "cluster": ("bench.cluster", "tenant placement over worker processes vs round-robin, hash"),
     "tiers": ("bench.tiers", "host KV tier vs none, restore vs recompute, warm start from disk"),
+    "bias": ("bench.bias", "engine step time with an n-choice logit_bias request vs without"),
 }
 
 
