@@ -23,9 +23,19 @@ install: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/kvgate serve $(ARGS)
 
+# A second pass holds every CPU kernel to AVX2 (kvgate's GEMM, torch and oneDNN:
+# engine/cpu_isa.py), so an AVX-512 host also tests what an AVX2-only one computes: the CPU GEMM
+# tests, model parity with transformers (tests/engine/model), logprobs, determinism and
+# the async engine. The real default model's parity test (tests/e2e) stays in the first pass only:
+# it takes minutes, and tests/engine/model checks the same decoder and GGUF dequantization.
+CPU_ISA_TESTS := tests/kernels/test_cpu_gemm.py tests/engine/model \
+	tests/engine/test_sampling_engine.py tests/engine/test_determinism.py \
+	tests/engine/test_async_engine.py
+
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	KVGATE_CPU_ISA=avx2 $(BIN)/python -m pytest -q -p no:cacheprovider $(CPU_ISA_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "cluster": ("bench.cluster", "tenant placement over worker processes vs round-robin, hash"),
     "tiers": ("bench.tiers", "host KV tier vs none, restore vs recompute, warm start from disk"),
     "bounds": ("bench.bounds", "largest allowed requests: logprobs memory, stop and n loop cost"),
+    "bias": ("bench.bias", "engine step time with an n-choice logit_bias request vs without"),
 }
 
 

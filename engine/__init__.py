@@ -9,6 +9,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from engine import cpu_isa as _cpu_isa
+
+# Before any torch op runs: KVGATE_CPU_ISA=avx2 also caps torch's and oneDNN's kernels, which
+# read their variables at the first CPU kernel (engine/cpu_isa.py).
+_cpu_isa.export_torch_caps()
+
 _EXPORTS = {
     "Engine": "engine.engine",
     "AsyncEngine": "engine.engine",

@@ -6,7 +6,7 @@ the host-side parameters, never from tensor values, so nothing waits on the devi
     raw logits --log_softmax--> logprobs (sampled token + top-k, when asked)
       -> repetition penalty (prompt + generated; /r above 0, *r below)
       -> presence / frequency penalties (generated tokens only)
-      -> logit bias
+      -> logit bias (``engine/logit_bias.py``: tensors built once per request)
       -> greedy rows: argmax                       (temperature 0 or top_k 1)
       -> / temperature -> min-p, top-k, top-p masks -> argmax(x + Gumbel noise)
 
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine import logit_bias
+from engine.logit_bias import BiasEntries, LogitBiasTable
 from engine.outputs import TokenLogprob
 from engine.params import SamplingParams
 from engine.penalties import PenaltyCounts, apply_penalties, needs_penalties
@@ -126,25 +128,23 @@ def truncate(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     return x.masked_fill(torch.zeros_like(drop).scatter_(-1, order, drop), neg_inf)
 
 
-def _logit_bias(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    rows, cols, vals = [], [], []
-    for i, p in enumerate(params):
-        for tok, bias in p.logit_bias:
-            rows.append(i)
-            cols.append(tok)
-            vals.append(bias)
-    if not rows:
-        return x
-    index = torch.tensor([rows, cols]).to(x.device, non_blocking=True)
-    return x.index_put((index[0], index[1]), _column(vals, x)[:, 0], accumulate=True)
-
-
 def process(
     logits: torch.Tensor, params: Sequence[SamplingParams], penalty_entries: np.ndarray
 ) -> torch.Tensor:
-    """Raw [N, V] float32 logits -> penalized, biased logits (before temperature).
-    ``penalty_entries``: ``PenaltyCounts.entries`` of these rows."""
-    return _logit_bias(apply_penalties(logits, params, penalty_entries), params)
+    """Raw [N, V] float32 logits -> penalized, biased logits (before temperature), the bias built
+    for this call. ``penalty_entries``: ``PenaltyCounts.entries`` of these rows."""
+    bias = logit_bias.one_shot(params, logits.shape[-1], logits.device)
+    return _process(logits, params, penalty_entries, bias)
+
+
+def _process(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    penalty_entries: np.ndarray,
+    bias: BiasEntries | None,
+) -> torch.Tensor:
+    x = apply_penalties(logits, params, penalty_entries)
+    return x if bias is None else bias.apply(x)
 
 
 # On the CPU rows are sampled this many logits at a time: [N, V] temporaries of a large batch
@@ -159,6 +159,7 @@ class Sampler:
 
     def __init__(self) -> None:
         self.penalties = PenaltyCounts()
+        self.bias = LogitBiasTable()  # each request's logit bias as tensors, built once
 
     def __call__(
         self,
@@ -178,10 +179,11 @@ class Sampler:
         if n == 0:
             return SamplerOutput([], None)
         entries = _NO_ENTRIES
+        ids = request_ids if request_ids is not None else [str(i) for i in range(n)]
         if needs_penalties(params):
             assert histories is not None, "penalties need the rows' token lists"
-            ids = request_ids if request_ids is not None else [str(i) for i in range(n)]
             entries = self.penalties.entries(ids, params, histories, num_generated)
+        bias = self.bias.entries(ids, params, vocab, logits.device)
         wanted = [p.logprobs for p in params]
         k = None if all(w is None for w in wanted) else max(w or 0 for w in wanted)
         step = n if logits.device.type != "cpu" else max(1, _CPU_CHUNK // vocab)
@@ -191,6 +193,7 @@ class Sampler:
                 params[r : r + step],
                 num_generated[r : r + step],
                 _rows_of(entries, r, r + step),
+                None if bias is None else bias.rows_of(r, r + step),
                 k,
             )
             for r in range(0, n, step)
@@ -226,12 +229,13 @@ def _sample_rows(
     params: Sequence[SamplingParams],
     num_generated: Sequence[int],
     penalty_entries: np.ndarray,
+    bias: BiasEntries | None,
     k: int | None,
 ) -> torch.Tensor:
     """Tokens [N] int64, or with ``k`` not None [N, 2 + 2k] float64 rows
     (token, its logprob, k top token ids, their logprobs)."""
     raw = logits.float()
-    x = process(raw, params, penalty_entries)
+    x = _process(raw, params, penalty_entries, bias)
     tokens = x.argmax(dim=-1)
     if not all(p.greedy for p in params):
         greedy = [p.greedy for p in params]

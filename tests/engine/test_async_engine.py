@@ -19,6 +19,7 @@ from engine.errors import (
 from engine.kv import PriorityRange
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
+from tests.engine._logits import assert_logprobs_close
 from tests.engine._tiny_model import kv_bytes, tiny_model_dir
 
 PROMPT = [11, 22, 33, 44, 55, 66, 77, 88, 99]
@@ -243,8 +244,12 @@ async def test_without_interim_outputs_only_the_first_and_the_final_are_posted()
     assert first.new_token_ids + final.new_token_ids == final.token_ids
     assert final.new_logprobs is not None
     assert [lp.token_id for lp in final.new_logprobs] == list(final.new_token_ids)
+    # The second request reads the first one's prompt blocks from the prefix cache: its last
+    # prompt token goes through other attention ops, so the logprobs agree within a tolerance,
+    # not bitwise (docs/contracts.md, "Determinism"); the tokens agree exactly.
     want = [lp for o in every[1:] for lp in o.new_logprobs or ()]
-    assert list(final.new_logprobs) == want
+    assert first.num_cached_tokens == 8
+    assert_logprobs_close(final.new_logprobs, want)
     # an abort is the final output: it still carries the tokens since the first
     assert len(aborted) == 2 and aborted[-1].finish_reason == "abort"
     assert aborted[0].new_token_ids + aborted[-1].new_token_ids == aborted[-1].token_ids

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,6 +38,19 @@ def record_kernel_variants(monkeypatch: pytest.MonkeyPatch) -> None:
     from engine.kernels.triton import VARIANTS  # after TRITON_INTERPRET is settled above
 
     monkeypatch.setattr(VARIANTS, "recording", True)
+
+
+@pytest.fixture
+def fresh_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """The CPU GEMM built anew into an empty cache directory (and loaded anew afterwards)."""
+    from engine.kernels.cpu import gemm
+
+    monkeypatch.setenv("KVGATE_CACHE_DIR", str(tmp_path))
+    gemm._load.cache_clear()
+    gemm._warn_torch_not_capped.cache_clear()
+    yield tmp_path
+    monkeypatch.undo()
+    gemm._load.cache_clear()
 
 
 @pytest.fixture

@@ -7,14 +7,17 @@ for 1-8 rows (the decode LM head of Qwen2.5-0.5B: 19 vs 34 ms at 1 row, 24 vs 38
 within 4% of it up to 2688 rows, so one packed copy of each weight serves decode and prefill
 alike. The AVX2 build, against oneDNN held to AVX2 on the same CPU: 20 vs 46 ms for the decode
 linears of one row, 57 vs 62 at 8 rows, 40 vs 43 at 128. Each output is summed in the same order
-whatever the row count, so a row's result does not depend on its batch.
+whatever the row count, so a row's result does not depend on its batch; a vector lane is an output
+column, so the AVX2 and AVX-512 builds give the same bits.
 
 The C source is compiled with the system C compiler into a per-user cache directory
 (``KVGATE_CACHE_DIR``, default ``~/.cache/kvgate``), keyed by the source hash and flags, and
 loaded with ctypes, which releases the GIL during the call: with more than one torch thread the
-panels are split across a thread pool. :func:`load` gives None (and callers fall back) on other
-CPUs, without a compiler, or with ``KVGATE_CPU_GEMM=0``; ``KVGATE_CPU_GEMM=avx2`` picks the AVX2
-build on an AVX-512 CPU.
+panels are split across a thread pool (whole panels per thread: no sum is split, so the thread
+count does not change a result). :func:`load` gives None (and callers fall back) on other CPUs,
+without a compiler, or with ``KVGATE_CPU_GEMM=0``. The build follows torch's CPU capability
+(AVX-512 or AVX2), held to AVX2 by ``KVGATE_CPU_ISA=avx2`` (``engine/cpu_isa.py``, which caps
+torch and oneDNN too) or, for this GEMM alone, by ``KVGATE_CPU_GEMM=avx2``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from engine import cpu_isa
 
 SOURCE = Path(__file__).with_name("gemm.c")
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma")}
@@ -68,14 +73,28 @@ def _build(compiler: str, isa: str) -> Path:
 
 
 def _best_isa() -> str | None:
-    """The ISA to build for, from the CPU and ``KVGATE_CPU_GEMM`` (unset/1, 0, avx2)."""
+    """The ISA to build for: torch's CPU capability, held to AVX2 by ``KVGATE_CPU_ISA=avx2`` or
+    ``KVGATE_CPU_GEMM=avx2``; None with ``KVGATE_CPU_GEMM=0`` or off x86."""
+    cap = cpu_isa.requested()  # ValueError naming the variable for a bad value
     choice = os.environ.get("KVGATE_CPU_GEMM", "1").lower()
     if choice == "0" or platform.machine().lower() not in ("x86_64", "amd64"):
         return None
     capability = torch.backends.cpu.get_cpu_capability()
-    if capability == "AVX512" and choice != "avx2":
+    if cap == "avx2" and capability == "AVX512":
+        _warn_torch_not_capped()
+    if capability == "AVX512" and choice != "avx2" and cap != "avx2":
         return "avx512"
     return "avx2" if capability in ("AVX512", "AVX2") else None
+
+
+@functools.cache
+def _warn_torch_not_capped() -> None:
+    log.warning(
+        "%s=avx2, but torch still dispatches AVX-512 kernels (it chose before `engine` was "
+        "imported, or ATEN_CPU_CAPABILITY says so): set ATEN_CPU_CAPABILITY=avx2 and "
+        "ONEDNN_MAX_CPU_ISA=AVX2 at start; the CPU GEMM uses its AVX2 build",
+        cpu_isa.ENV,
+    )
 
 
 @dataclass(frozen=True)
