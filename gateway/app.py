@@ -34,6 +34,7 @@ from gateway.cluster.admin import add_cluster_view
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState, Telemetry
 from gateway.dbready import DB_PROBE, DatabaseProbe
 from gateway.errors import error_middleware, register_error
+from gateway.heap import frozen_startup_heap
 from gateway.http import content_encoding_middleware
 from gateway.openapi import openapi_handler
 from gateway.pins import PinManager
@@ -122,6 +123,7 @@ def create_app(
     add_cluster_view(admin, engine, app[TELEMETRY].metrics.registry)
     app.add_subapp(ADMIN_PREFIX, admin)
     app.cleanup_ctx.append(_lifecycle(store, db, engine, model_name))
+    app.cleanup_ctx.append(frozen_startup_heap)  # last: after everything start-up keeps
     app.on_shutdown.append(_start_draining)
     app.on_response_prepare.append(cors_headers)
     app.router.add_post("/v1/chat/completions", views.chat_completions)

@@ -277,6 +277,12 @@ VARIABLES: tuple[Variable, ...] = (
         "600",
         "session tokens one server key may issue per minute (POST /v1/widget/sessions)",
     ),
+    Variable(
+        "KVGATE_WIDGET_MAX_BODY_BYTES",
+        _int_ge1,
+        "262144",
+        "largest chat request body from widget traffic (public keys; decoded size)",
+    ),
     Variable("KVGATE_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "log level"),
     Variable("KVGATE_LOG_JSON", _bool, "true", "JSON log lines (false: console format)"),
     Variable("KVGATE_SERVICE_NAME", _str, "kvgate-gateway", "OTel service.name"),
@@ -526,6 +532,9 @@ class TelemetrySettings:
 class WidgetSettings:
     demo: bool  # serve /widget/demo (creates a demo tenant and widget key on first visit)
     session_rpm: int = 600  # session tokens per minute and server key
+    # Chat bodies of widget traffic, decoded: parsing JSON holds the event loop (and the GIL)
+    # in proportion to the number of values, so public keys get a smaller bound than servers.
+    max_body_bytes: int = 256 << 10
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> WidgetSettings:
@@ -538,6 +547,7 @@ class WidgetSettings:
         return cls(
             demo=mode == "true" or (mode == "auto" and embedded and local),
             session_rpm=value(src, "KVGATE_WIDGET_SESSION_RPM"),
+            max_body_bytes=value(src, "KVGATE_WIDGET_MAX_BODY_BYTES"),
         )
 
 

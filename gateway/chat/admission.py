@@ -33,7 +33,7 @@ T = TypeVar("T")
 
 
 async def read_body(request: web.Request, state: GatewayState, principal: Principal) -> ChatRequest:
-    body = parse_chat_request(await request.read())
+    body = parse_chat_request(await _body_bytes(request, principal))
     if body.model != state.model_name:
         raise ApiError(
             404,
@@ -48,6 +48,33 @@ async def read_body(request: web.Request, state: GatewayState, principal: Princi
         max_choices=principal.runtime.widget.max_choices,
     )
     return body
+
+
+async def _body_bytes(request: web.Request, principal: Principal) -> bytes:
+    """The decoded body; widget traffic's is bounded by ``KVGATE_WIDGET_MAX_BODY_BYTES`` (the
+    app's ``client_max_size`` bounds every other). Parsing JSON holds the event loop for about
+    as long as the body has values (1 MiB of tiny values: tens of ms), so public keys, which
+    anyone may use, send smaller bodies; a widget conversation never needs more."""
+    if not principal.is_widget:
+        return await request.read()
+    limit = request.app[SETTINGS].widget.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise _widget_body_too_large(limit)
+    parts, size = [], 0
+    async for chunk in request.content.iter_chunked(64 << 10):
+        size += len(chunk)
+        if size > limit:  # compressed bodies: the decoded size counts
+            raise _widget_body_too_large(limit)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _widget_body_too_large(limit: int) -> ApiError:
+    return ApiError(
+        413,
+        f"request body too large for widget traffic: at most {limit} bytes",
+        code="request_too_large",
+    )
 
 
 async def charged(request: web.Request, principal: Principal, step: Awaitable[T]) -> T:
