@@ -14,7 +14,6 @@ seconds (~1 µs per character). The figures are printed (``-s``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gzip
 import json
 import random
@@ -22,16 +21,15 @@ import shutil
 import statistics
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from tests.gateway.harness import LiveGateway, live_gateway, make_settings
+from tests.gateway.loadprobe import LoopLag, p99, running
 
 HOSTILE_IN_FLIGHT = 8
 MESSAGE_CHARS = 1_000_000  # a 1 MB message in a body under KVGATE_MAX_BODY_BYTES (1 MiB)
-TICK_S = 0.005
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "please"]
 WINDOW_S = 3.0  # how long /healthz and the ticker are measured, unloaded and then loaded
 
@@ -51,34 +49,6 @@ def hostile_body(model: str) -> bytes:
     text = " ".join(rng.choice(WORDS) for _ in range(MESSAGE_CHARS // 4))[:MESSAGE_CHARS]
     body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
     return gzip.compress(json.dumps(body).encode(), 6)
-
-
-class LoopLag:
-    """How late a ticker that sleeps ``TICK_S`` wakes up: the loop's lag."""
-
-    def __init__(self) -> None:
-        self.lags: list[float] = []
-
-    async def run(self) -> None:
-        while True:
-            start = time.perf_counter()
-            await asyncio.sleep(TICK_S)
-            self.lags.append(time.perf_counter() - start - TICK_S)
-
-
-@contextlib.asynccontextmanager
-async def running(coro: object) -> AsyncIterator[None]:
-    task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-def p99(values: list[float]) -> float:
-    return statistics.quantiles(values, n=100)[98] if len(values) > 1 else values[0]
 
 
 async def hostile_client(gw: LiveGateway, key: str, body: bytes, statuses: Counter[str]) -> None:
