@@ -6,8 +6,8 @@ companion request; the companion is either a plain chat request or the most expe
 widget key may send (tests/abuse/hostile.py: 300 logit_bias entries, 20 top logprobs, every
 penalty, top-k / top-p / min-p, a 64-bit seed), both turned into engine parameters by the
 gateway's own admission code. Steps are timed in the engine thread's CPU time (what the batch
-costs, whoever else uses the machine), interleaved over rounds, lower quartiles compared: the hostile
-companion may add at most 10% to a step. The figures are printed (``-s``).
+costs, whoever else uses the machine), interleaved over rounds, lower quartiles compared: the
+hostile companion may add at most 10% to a step. The figures are printed (``-s``).
 """
 
 from __future__ import annotations
