@@ -6,10 +6,11 @@ bodies, several at a time, while a visitor of another tenant chats. Asserted:
 
 * **no 5xx**, and each catalogued request gets the answer it must (a 400 naming the bound, a 401,
   a 200 for the hostile but allowed ones);
-* **the event loop never stalls**: a ticker on the gateway's loop measures its lag; under attack
-  its p99 stays within 50 ms of the unloaded p99, and no single lag exceeds 50 ms beyond the worst
-  unloaded one (limits relative to the same machine measured first, so a slow or busy host does
-  not fail the test; a loop that tokenizes or searches on itself lags by whole seconds);
+* **the event loop never stalls**: a ticker on the gateway's loop measures, between two ticks,
+  the CPU time the loop's own thread spent (its own work: parsing, tokenizing, searching, garbage
+  collection; other processes on a busy machine cannot inflate it): never more than 50 ms. The
+  wall-clock lag, which a busy machine does inflate, stays within 100 ms plus three times its
+  unloaded p99, measured first. A loop that tokenizes or searches on itself stalls whole seconds;
 * **nothing leaks**: no answer the attacker gets holds the victim tenant's prompt, id or cache
   salt; visitors of one tenant never hit each other's conversation in the cache, nor tenants each
   other's (``cached_tokens`` at most the receiver's own pinned prefix, rounded to blocks).
@@ -146,13 +147,13 @@ async def victim_chats(gw: LiveGateway, t: WidgetTenant, stop: asyncio.Event) ->
 async def measured(
     gw: LiveGateway, victim: WidgetTenant, work: Any
 ) -> tuple[list[float], list[float], Any]:
-    """(loop lags, the victim's chat times, ``work``'s result) while ``work`` runs."""
+    """(the loop's lag probe, the victim's chat times, ``work``'s result) while ``work`` runs."""
     lag, stop = LoopLag(), asyncio.Event()
     async with running(lag.run()), running(victim_chats(gw, victim, stop)) as chats:
         result = await work
         stop.set()
         times = await chats
-    return lag.lags, times, result
+    return lag, times, result
 
 
 async def test_widget_key_traffic_never_fails_stalls_or_leaks(gw: LiveGateway) -> None:
@@ -160,13 +161,15 @@ async def test_widget_key_traffic_never_fails_stalls_or_leaks(gw: LiveGateway) -
     attacker = await widget_tenant(gw, "bakery", ATTACKER_PROMPT)
     model = gw.state.model_name
     requests = catalogue(model, victim.id) * ROUNDS + list(random_bodies(model, 150))
-    base_lags, base_chats, _ = await measured(gw, victim, asyncio.sleep(WINDOW_S))
-    lags, chats, answers = await measured(gw, victim, attack(gw, attacker.widget_key, requests))
+    base, base_chats, _ = await measured(gw, victim, asyncio.sleep(WINDOW_S))
+    probe, chats, answers = await measured(gw, victim, attack(gw, attacker.widget_key, requests))
+    base_lags, lags, busy = base.lags, probe.lags, probe.busy
     statuses = Counter(f"{a.status}" for a in answers)
     print(  # the figures, with -s
         f"\n{len(answers)} hostile requests {dict(statuses)}; loop lag p99 {p99(lags) * 1e3:.1f} "
         f"ms, max {max(lags) * 1e3:.1f} (unloaded p99 {p99(base_lags) * 1e3:.1f}, max "
-        f"{max(base_lags) * 1e3:.1f}); victim chat median {statistics.median(chats) * 1e3:.0f} ms "
+        f"{max(base_lags) * 1e3:.1f}); loop busy between ticks max {max(busy) * 1e3:.1f} ms, "
+        f"p99 {p99(busy) * 1e3:.1f}; victim chat median {statistics.median(chats) * 1e3:.0f} ms "
         f"(unloaded {statistics.median(base_chats) * 1e3:.0f})"
     )
     server_errors = [a for a in answers if a.status >= 500]
@@ -174,8 +177,8 @@ async def test_widget_key_traffic_never_fails_stalls_or_leaks(gw: LiveGateway) -
     expected = {h.name: h.expect for h in requests}
     wrong = [(a.name, a.status, a.text[:200]) for a in answers if a.status not in expected[a.name]]
     assert not wrong, wrong[:5]
-    assert p99(lags) < 0.050 + p99(base_lags), "loop lag p99 under attack"
-    assert max(lags) < 0.050 + max(base_lags), "worst loop lag under attack"
+    assert max(busy) < 0.050, f"the loop computed {max(busy) * 1e3:.1f} ms without a break"
+    assert p99(lags) < 0.100 + 3 * p99(base_lags), "wall-clock loop lag p99 under attack"
     secrets = (victim.id, victim.salt, "RX-7741", "blue falcon")
     leaked = [a.name for a in answers if any(s in a.text for s in secrets)]
     assert not leaked, leaked

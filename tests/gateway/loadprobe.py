@@ -13,16 +13,22 @@ TICK_S = 0.005
 
 
 class LoopLag:
-    """How late a ticker that sleeps ``TICK_S`` wakes up: the lag of the loop it runs on."""
+    """How late a ticker that sleeps ``TICK_S`` wakes up: the lag of the loop it runs on.
+
+    ``lags`` are wall-clock: they include time the machine gave to other processes. ``busy`` is
+    the CPU time the loop's own thread spent between two ticks: the loop's own work (callbacks,
+    parsing, garbage collection), which other processes on the machine cannot inflate."""
 
     def __init__(self) -> None:
         self.lags: list[float] = []
+        self.busy: list[float] = []
 
     async def run(self) -> None:
         while True:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             await asyncio.sleep(TICK_S)
             self.lags.append(time.perf_counter() - start - TICK_S)
+            self.busy.append(time.thread_time() - cpu)
 
 
 @contextlib.asynccontextmanager
