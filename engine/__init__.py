@@ -11,7 +11,7 @@ from typing import Any
 
 _EXPORTS = {
     "Engine": "engine.engine",
-    "AsyncEngine": "engine.engine",
+    "AsyncEngine": "engine.async_engine",
     "CacheScope": "engine.kv",
     "EngineConfig": "engine.config",
     "SamplingParams": "engine.params",
