@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.admin import views
 from gateway.admin.auth import admin_auth_middleware
 from gateway.admin.context import ADMIN_CONTEXT, AdminContext, CacheProvider, TokenCounter
+from gateway.admin.views import add_routes
+from gateway.admin.widget import add_widget_admin_routes
 from gateway.errors import Handler, error_middleware, register_error
-from gateway.widget.admin import add_widget_admin_routes
 from tenants import errors as te
 from tenants.store import TenantStore
 
@@ -73,6 +73,6 @@ def create_admin_app(
         cache_provider=cache_provider,
         actor=actor,
     )
-    views.add_routes(app)
+    add_routes(app)
     add_widget_admin_routes(app)  # PUT/GET /v1/tenants/{id}/widget, POST .../rotate-secret
     return app
