@@ -29,7 +29,6 @@ from engine.errors import (
 from gateway.admin import ADMIN_PREFIX, create_admin_app
 from gateway.auth import KeyCache
 from gateway.chat import views
-from gateway.chat.prompt import TemplateMismatch, build_prefix
 from gateway.cluster.admin import add_cluster_view
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState, Telemetry
 from gateway.dbready import DB_PROBE, DatabaseProbe
@@ -42,6 +41,7 @@ from gateway.ratelimit.types import LimiterUnavailable
 from gateway.settings import ModelSettings, Settings
 from gateway.telemetry import GatewayMetrics, make_tracer, make_tracer_provider
 from gateway.telemetry.dbgauge import database_gauge
+from gateway.tenant_prefix import TemplateMismatch, build_prefix
 from gateway.widget.cors import add_preflight, cors_headers
 from gateway.widget.routes import register_widget
 from tenants.db import make_engine, make_session_factory, within

@@ -8,46 +8,16 @@ Tokenizing the two texts separately means a BPE merge can never cross the bounda
 request of a tenant starts with exactly ``prefix.ids`` whatever the conversation is: the pinned
 blocks always match. The template must render the prefix as a prefix of the full text (ChatML and
 the Llama/Qwen templates do); a template that does not is rejected loudly, never silently.
+The prefix itself (``TenantPrefix``, ``build_prefix``) is gateway/tenant_prefix.py's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 from gateway.chat.schemas import ChatMessage
 from gateway.errors import ApiError
-
-
-class ChatTokenizer(Protocol):
-    def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = ...
-    ) -> str: ...
-
-    def encode(self, text: str) -> list[int]: ...
-
-
-class TemplateMismatch(RuntimeError):
-    """The chat template does not render the tenant prefix as a prefix of the conversation."""
-
-
-@dataclass(frozen=True)
-class TenantPrefix:
-    """The tenant's system prompt as rendered text and token ids (empty when it has none)."""
-
-    system_prompt: str | None
-    rendered: str
-    ids: tuple[int, ...]
-
-
-def build_prefix(tokenizer: ChatTokenizer, system_prompt: str | None) -> TenantPrefix:
-    if not system_prompt:
-        return TenantPrefix(None, "", ())
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "system", "content": system_prompt}], add_generation_prompt=False
-    )
-    return TenantPrefix(system_prompt, rendered, tuple(tokenizer.encode(rendered)))
+from gateway.tenant_prefix import ChatTokenizer, TemplateMismatch, TenantPrefix
 
 
 def to_template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
