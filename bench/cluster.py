@@ -182,7 +182,7 @@ async def _drive(
     from gateway.cluster.loadstats import LoadStats
 
     salt = f"{policy}-{scenario}-{len(workers)}-{run.seed}"
-    info, payload = fetch_bootstrap(tuple(x.url for x in workers), TOKEN, 10.0)
+    info, payload = await fetch_bootstrap(tuple(x.url for x in workers), TOKEN, 10.0)
     eng = ClusterEngine(
         tuple(x.url for x in workers), TOKEN, tokenizer=tokenizer_from_payload(payload),
         info=info, health_s=0.5, load_stats=LoadStats(None, "", LOAD_WINDOW_S),

@@ -371,7 +371,7 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             # One engine for all: the app that starts it first owns it; the others reuse it.
             settings = Settings.from_env(env)
             if name.startswith("workers"):
-                own = _worker_engine(model_dir, settings, unix=name != "workers_tcp")
+                own = await _worker_engine(model_dir, settings, unix=name != "workers_tcp")
             else:
                 own = engine
             setups[name] = await _start(settings, own)
@@ -395,13 +395,13 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         redis.stop()
 
 
-def _worker_engine(model_dir: Path, settings: Any, *, unix: bool) -> Any:
+async def _worker_engine(model_dir: Path, settings: Any, *, unix: bool) -> Any:
     """A ClusterEngine over one local worker process (the ``kvgate serve`` default: ``unix``)."""
     from gateway.cluster.bootstrap import open_cluster
 
     # the worker reads its engine settings from the environment, as `kvgate worker` does
     os.environ.update(KVGATE_DEVICE="cpu", KVGATE_KV_CACHE_BYTES=str(64 << 20))
-    return open_cluster(settings, str(model_dir), local_unix=unix)
+    return await open_cluster(settings, str(model_dir), local_unix=unix)
 
 
 async def _worker_hop(

@@ -17,7 +17,7 @@ _cpu_isa.export_torch_caps()
 
 _EXPORTS = {
     "Engine": "engine.engine",
-    "AsyncEngine": "engine.engine",
+    "AsyncEngine": "engine.async_engine",
     "CacheScope": "engine.kv",
     "EngineConfig": "engine.config",
     "SamplingParams": "engine.params",

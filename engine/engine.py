@@ -29,7 +29,7 @@ from engine.request import Request
 from engine.scheduler import Scheduler
 
 if TYPE_CHECKING:
-    from engine.async_engine import AsyncEngine  # noqa: F401  (re-exported lazily below)
+    from engine.snapshot_restore import Snapshots  # imports torch: loaded with the runner
 
 _PIN_PREFIX = "__pin-"  # internal request ids; user ids never start with it (gateway ids do not)
 _PIN_PARAMS = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
@@ -61,7 +61,7 @@ class EngineCore:
         *,
         listener: CacheListener | None = None,
         clock: Callable[[], float] = time.monotonic,
-        snapshots: Any = None,  # engine/snapshot_restore.py Snapshots, or None
+        snapshots: Snapshots | None = None,
     ) -> None:
         self.runner = runner
         self.snapshots = snapshots
@@ -180,9 +180,7 @@ class EngineCore:
 
     def flush_transfers(self) -> None:
         """Perform the device <-> host copies the cache planned (engine/kv/transfers.py)."""
-        plan = self.cache.take_transfers()
-        if not plan.is_empty:
-            self.cache.finish_transfers(plan, self.runner.transfer(plan))
+        self.cache.run_transfers(self.runner.transfer)
 
     def _route(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """Complete pin jobs whose internal request finished; return the user outputs."""
@@ -211,7 +209,7 @@ class EngineCore:
             return job
         if not self._try_pin(job, final=not self.config.enable_prefix_reuse) and not (
             self.snapshots is not None
-            and self.snapshots.restore(self, namespace, job.token_ids)
+            and self.snapshots.restore(self.cache, namespace, job.token_ids)
             and self._try_pin(job, final=False)
         ):
             job.request_id = f"{_PIN_PREFIX}{next(self._ids)}"
@@ -230,7 +228,7 @@ class EngineCore:
         result = self.cache.pin(job.namespace, job.token_ids)
         if isinstance(result, PinHandle):
             if self.snapshots is not None:
-                self.snapshots.save(self, job.namespace, job.token_ids)
+                self.snapshots.save(self.cache, job.namespace, job.token_ids)
             job.finish(result, None)
             return True
         if final:
@@ -385,12 +383,3 @@ class Engine:
 
     def check_integrity(self) -> None:
         self.core.check_integrity()
-
-
-def __getattr__(name: str) -> Any:
-    # ``from engine.engine import AsyncEngine`` without importing asyncio machinery up front.
-    if name == "AsyncEngine":
-        from engine.async_engine import AsyncEngine
-
-        return AsyncEngine
-    raise AttributeError(f"module 'engine.engine' has no attribute {name!r}")

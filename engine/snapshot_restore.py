@@ -21,23 +21,35 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from engine.kv import PrefixCache
 from engine.kv.pins import resolve_pin
+from engine.kv.transfers import TransferPlan
 from engine.snapshot import ModelIdentity, SnapshotStore, fingerprint
 from engine.snapshot_key import SnapshotKeyError, snapshot_key
 from engine.tiers.host_pool import read_blocks, write_blocks
-
-if TYPE_CHECKING:
-    from engine.engine import EngineCore
 
 _RESTORE_PREFIX = "__snap-"
 log = logging.getLogger(__name__)
 
 
+class DeviceKV(Protocol):
+    """The device KV the snapshots read and write: the model runner's."""
+
+    @property
+    def kv_caches(self) -> Any: ...  # per layer (K, V) tensors, [blocks, block_size, ...]
+
+    def transfer(self, plan: TransferPlan) -> int: ...  # host-tier copies; microseconds
+
+
 class Snapshots:
-    def __init__(self, store: SnapshotStore) -> None:
+    """Snapshots of one device's KV (``device``) in ``store``. The engine core passes its
+    prefix cache to ``restore`` / ``save``: the blocks to fill or read are the cache's."""
+
+    def __init__(self, store: SnapshotStore, device: DeviceKV) -> None:
         self.store = store
+        self.device = device
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="kv-snapshot")
         self._pending: list[Future[None]] = []
         self._ids = itertools.count()
@@ -69,23 +81,22 @@ class Snapshots:
             block_size=int(runner.block_size),
             layout=(len(runner.kv_caches), 2, *(int(d) for d in k0.shape[1:])),
         )
-        return cls(SnapshotStore(directory, identity, key))
+        return cls(SnapshotStore(directory, identity, key), runner)
 
-    def restore(self, core: EngineCore, namespace: str, token_ids: tuple[int, ...]) -> bool:
+    def restore(self, cache: PrefixCache, namespace: str, token_ids: tuple[int, ...]) -> bool:
         """Put the prompt's snapshot into the device cache; False when none is usable."""
         start = time.perf_counter()
         kv = self.store.load(namespace, token_ids)
         if kv is None:
             return False
-        cache = core.cache
         full = kv.shape[0] * cache.block_size
         rid = f"{_RESTORE_PREFIX}{next(self._ids)}"
         alloc = cache.allocate(rid, namespace, token_ids[:full])
         if alloc is None:
             return False  # no room now: computed the usual way
-        core.flush_transfers()  # blocks it found in the host tier are copied in first
+        cache.run_transfers(self.device.transfer)  # blocks found in the host tier come first
         first = alloc.match.num_blocks
-        write_blocks(core.runner.kv_caches, alloc.block_table[first:], kv[first:])
+        write_blocks(self.device.kv_caches, alloc.block_table[first:], kv[first:])
         cache.commit(rid, full)
         cache.free(rid)
         with self._lock:
@@ -93,18 +104,17 @@ class Snapshots:
         self.restored += 1
         elapsed = time.perf_counter() - start
         self.restore_seconds += elapsed
-        cache.tiers.snapshot_restores += 1
-        cache.tiers.snapshot_us += int(elapsed * 1e6)
+        cache.tiers.count_snapshot_restore(int(elapsed * 1e6))
         return True
 
-    def save(self, core: EngineCore, namespace: str, token_ids: tuple[int, ...]) -> None:
+    def save(self, cache: PrefixCache, namespace: str, token_ids: tuple[int, ...]) -> None:
         """Snapshot a just-pinned prompt unless the same snapshot is on disk already."""
         if self._known.get(namespace) == token_ids or self.store.matches(namespace, token_ids):
             return
-        blocks = resolve_pin(core.cache.index, namespace, token_ids, core.cache.block_size)
+        blocks = resolve_pin(cache.index, namespace, token_ids, cache.block_size)
         if not isinstance(blocks, list):
             return
-        kv = read_blocks(core.runner.kv_caches, [b.block_id for b in blocks])
+        kv = read_blocks(self.device.kv_caches, [b.block_id for b in blocks])
         with self._lock:
             self._pending = [f for f in self._pending if not f.done()]
             self._pending.append(self._writer.submit(self._write, namespace, token_ids, kv))

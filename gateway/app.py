@@ -1,11 +1,16 @@
 """``create_app(settings)``: the gateway application (chat API, admin sub-app, health, metrics).
 
-Nothing happens at import. ``create_app`` only builds objects that do no I/O (the tenant store's
-connection pool connects lazily; the model is loaded unless an engine is passed in). Everything
-that starts or connects lives in ``cleanup_ctx``, in this order (closed in reverse)::
+Nothing happens at import. ``create_app`` only builds objects: it reads no model, starts no
+process and connects nowhere (the tenant store's connection pool connects lazily; the engine is
+only chosen, gateway/engine_source.py). Everything that loads, starts or connects lives in
+``cleanup_ctx``, in this order (closed in reverse)::
 
-    telemetry provider -> tenant store (schema check) + events -> limiter -> engine thread
-    -> key cache + pins (start-up pinning in the background; /readyz waits for it)
+    telemetry provider -> tenant store (schema check) + events -> limiter
+    -> engine: opened (model loaded on a thread / local worker started / workers' info fetched),
+       then started -> key cache + pins (start-up pinning in the background; /readyz waits)
+
+A failed step fails start-up (``AppRunner.setup`` raises) after closing what was opened before
+it, in reverse: an engine that cannot open leaves no worker process behind.
 """
 
 from __future__ import annotations
@@ -26,13 +31,13 @@ from engine.errors import (
     PromptTooLong,
     RequestAborted,
 )
-from gateway.admin import ADMIN_PREFIX, create_admin_app
+from gateway.admin import ADMIN_PREFIX, PromptLimit, create_admin_app
 from gateway.auth import KeyCache
 from gateway.chat import views
-from gateway.chat.prompt import TemplateMismatch, build_prefix
 from gateway.cluster.admin import add_cluster_view
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState, Telemetry
 from gateway.dbready import DB_PROBE, DatabaseProbe
+from gateway.engine_source import EngineSource, RunningEngine, choose_source
 from gateway.errors import error_middleware, register_error
 from gateway.heap import frozen_startup_heap
 from gateway.http import content_encoding_middleware
@@ -40,9 +45,10 @@ from gateway.openapi import openapi_handler
 from gateway.pins import PinManager
 from gateway.ratelimit import FailoverLimiter, Limiter, MemoryLimiter, RedisLimiter, make_client
 from gateway.ratelimit.types import LimiterUnavailable
-from gateway.settings import ModelSettings, Settings
+from gateway.settings import Settings
 from gateway.telemetry import GatewayMetrics, make_tracer, make_tracer_provider
 from gateway.telemetry.dbgauge import database_gauge
+from gateway.tenant_prefix import TemplateMismatch, build_prefix
 from gateway.widget.cors import add_preflight, cors_headers
 from gateway.widget.routes import register_widget
 from tenants.db import make_engine, make_session_factory, within
@@ -65,12 +71,6 @@ def register_gateway_errors() -> None:
     register_error(TemplateMismatch, 500, "internal_error", "chat_template_mismatch")
 
 
-def load_engine(model: ModelSettings, model_dir: str) -> Any:
-    from engine import AsyncEngine
-
-    return AsyncEngine.from_pretrained(model_dir, **model.engine_overrides())
-
-
 def create_app(
     settings: Settings,
     *,
@@ -81,18 +81,12 @@ def create_app(
 ) -> web.Application:
     """The gateway. ``engine``: an AsyncEngine (not started) to use instead of loading
     ``model_dir`` / ``KVGATE_MODEL``; ``span_exporter``: an extra exporter (tests).
-    With ``KVGATE_WORKERS`` set, or ``local_worker`` (``kvgate serve``: one worker process
-    started here), the engine runs in worker processes (gateway/cluster/)."""
+    With ``KVGATE_WORKERS`` set, or ``local_worker`` (``kvgate serve``: one worker process,
+    started when the app starts), the engine runs in worker processes (gateway/cluster/).
+    Configuration errors (no model, workers without a token) raise here; nothing is opened."""
     register_gateway_errors()
-    if engine is None and (settings.cluster.workers or local_worker):
-        from gateway.cluster.bootstrap import open_cluster
-
-        engine = open_cluster(settings, model_dir or settings.model.path)
-    if engine is None:
-        path = model_dir or settings.model.path
-        if path is None:
-            raise ValueError("no model: set KVGATE_MODEL or pass engine/model_dir")
-        engine = load_engine(settings.model, path)
+    source = choose_source(settings, engine=engine, model_dir=model_dir, local_worker=local_worker)
+    opened = RunningEngine()
     model_name = settings.model.name or _model_name(model_dir or settings.model.path)
     app = web.Application(
         middlewares=[error_middleware, content_encoding_middleware],
@@ -112,17 +106,15 @@ def create_app(
         deadline_s=dbs.timeout_s,
         health=DbHealth(dbs.retry_s),
     )
-    tokenizer = engine.tokenizer
     admin = create_admin_app(
         store,
         admin_token_sha256=settings.tenants.admin_token_sha256,
-        token_counter=lambda t: len(build_prefix(tokenizer, t).ids),
-        max_prompt_tokens=max(1, engine.max_model_len // 2),
+        prompt_limit=_prompt_limit(opened),
         cache_provider=lambda tenant_id: app[STATE].pins.cache_info(tenant_id),
     )
-    add_cluster_view(admin, engine, app[TELEMETRY].metrics.registry)
+    add_cluster_view(admin, opened, app[TELEMETRY].metrics.registry)
     app.add_subapp(ADMIN_PREFIX, admin)
-    app.cleanup_ctx.append(_lifecycle(store, db, engine, model_name))
+    app.cleanup_ctx.append(_lifecycle(store, db, source, opened, model_name))
     app.cleanup_ctx.append(frozen_startup_heap)  # last: after everything start-up keeps
     app.on_shutdown.append(_start_draining)
     app.on_response_prepare.append(cors_headers)
@@ -136,6 +128,14 @@ def create_app(
     app.router.add_get("/readyz", _readyz)
     app[DB_PROBE] = DatabaseProbe()
     return app
+
+
+def _prompt_limit(opened: RunningEngine) -> PromptLimit:
+    """A system prompt's tokens as the tenant prefix renders them, at most half the context."""
+    return PromptLimit(
+        count=lambda text: len(build_prefix(opened.engine.tokenizer, text).ids),
+        max_tokens=lambda: max(1, opened.engine.max_model_len // 2),
+    )
 
 
 def _model_name(path: str | None) -> str:
@@ -159,7 +159,13 @@ def make_limiter(settings: Settings) -> Limiter:
     )
 
 
-def _lifecycle(store: TenantStore, db: AsyncEngine, engine: Any, model_name: str) -> Any:
+def _lifecycle(
+    store: TenantStore,
+    db: AsyncEngine,
+    source: EngineSource,
+    opened: RunningEngine,
+    model_name: str,
+) -> Any:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
         tel = app[TELEMETRY]
@@ -178,8 +184,10 @@ def _lifecycle(store: TenantStore, db: AsyncEngine, engine: Any, model_name: str
             stack.push_async_callback(limiter.close)
             if isinstance(limiter, FailoverLimiter):
                 await limiter.warm()
+            engine = await source.open()
+            stack.push_async_callback(engine.shutdown)  # also when start fails: stops a worker
+            opened.set(engine)
             await engine.start()
-            stack.push_async_callback(engine.shutdown)
             recorder = LastUsedRecorder()
             recorder.start(store.sessions, settings.tenants.last_used_flush_s)
             stack.push_async_callback(_flush_recorder, recorder, store)

@@ -26,10 +26,10 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway import session_tokens
 from gateway.errors import ApiError
 from gateway.lkg import LastKnownGood
 from gateway.misses import RecentMisses
-from gateway.widget import tokens
 from tenants.events import TenantChanged
 from tenants.runtime import KeyIdentity, TenantRuntime
 from tenants.store import TenantStore
@@ -247,7 +247,7 @@ class KeyCache:
                 type_="authentication_error",
                 code="invalid_api_key",
             )
-        if tokens.is_session_token(secret.strip()):
+        if session_tokens.is_session_token(secret.strip()):
             return await self._session_principal(request, secret.strip())
         ident = await self.identity(secret.strip())
         if ident is None:
@@ -270,13 +270,13 @@ class KeyCache:
         return Principal(ident, rt)
 
     async def _session_principal(self, request: web.Request, token: str) -> Principal:
-        """A widget session token (gateway/widget/tokens.py): MAC under the tenant's secret,
+        """A widget session token (gateway/session_tokens.py): MAC under the tenant's secret,
         expiry, then the origin it was issued for; the tenant must be active."""
         try:
-            rt = await self._session_runtime(tokens.peek_tenant(token))
+            rt = await self._session_runtime(session_tokens.peek_tenant(token))
             secret = rt.widget.session_secret if rt is not None else None
-            claims = tokens.verify(token, secret, time.time())
-        except tokens.SessionTokenError as exc:
+            claims = session_tokens.verify(token, secret, time.time())
+        except session_tokens.SessionTokenError as exc:
             # Readable by the calling page (the body names no secret), so the widget can renew.
             _cors_for_error(request)
             code = "session_expired" if exc.expired else "invalid_session_token"

@@ -14,12 +14,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
 from gateway.auth import KeyCache
-from gateway.chat.tokenize import TokenizePool
 from gateway.drain import Drain
 from gateway.pins import PinManager
 from gateway.ratelimit import Limiter
 from gateway.settings import Settings
 from gateway.telemetry import GatewayMetrics
+from gateway.tokenize_pool import TokenizePool
 from tenants.store import TenantStore
 
 

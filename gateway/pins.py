@@ -28,8 +28,8 @@ import structlog
 from sqlalchemy import func, select
 
 from engine.errors import EngineError, PinRejected
-from gateway.chat.prompt import ChatTokenizer, TenantPrefix, build_prefix
 from gateway.cluster.engine import ClusterEngine
+from gateway.tenant_prefix import ChatTokenizer, TenantPrefix, build_prefix
 from tenants.events import TenantChanged
 from tenants.models import ApiKey
 from tenants.runtime import TenantRuntime

@@ -13,6 +13,10 @@ With no configuration at all this is the embedded default, ready to use:
 Prometheus metrics are served on a listener of their own (KVGATE_METRICS_HOST, default
 127.0.0.1, and KVGATE_METRICS_PORT, default 9464; 0 disables it), never on the public port.
 
+The engine opens when the app starts (gateway/app.py ``cleanup_ctx``): the local worker that
+serves it is started then; when it does not start or answer, ``kvgate serve`` says why in one
+message and exits 1, the worker stopped.
+
 Shutdown is graceful (gateway/drain.py): listening stops at once, in-flight chat requests get
 KVGATE_SHUTDOWN_TIMEOUT_S to finish; shortly before that deadline the ones still running end
 with a shutdown error (an SSE error event then ``[DONE]`` for streams), and the process exits
@@ -128,6 +132,8 @@ def main(argv: Sequence[str]) -> int:
         print(f"kvgate serve: configuration error: {exc}", file=sys.stderr)
         return 2
     from gateway.app import create_app
+    from gateway.cluster.bootstrap import ClusterUnavailable
+    from gateway.cluster.local import LocalWorkerError
     from gateway.drain import grace_s
     from gateway.http import run_app
     from gateway.ratelimit import LimiterUnavailable
@@ -158,6 +164,9 @@ def main(argv: Sequence[str]) -> int:
         )
     except LimiterUnavailable:  # KVGATE_RATELIMIT_FAIL_MODE=closed and no Redis at start
         print(redis_start_error(settings.ratelimit.redis_url), file=sys.stderr)
+        return 1
+    except (LocalWorkerError, ClusterUnavailable) as exc:  # the engine did not open (stopped)
+        print(f"kvgate serve: {exc}", file=sys.stderr)
         return 1
     _exit_now(0)
 

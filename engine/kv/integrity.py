@@ -1,31 +1,54 @@
-"""``check_integrity`` for PrefixCache: recomputes every counter and link from scratch."""
+"""``check_integrity`` for PrefixCache: recomputes every counter and link from scratch.
+
+The checks read the cache through ``CacheParts``, the parts it owns (the cache passes itself),
+so this module needs nothing of ``engine/kv/prefix_cache.py``; the host tier checks itself
+(``Tiering.check_integrity``) against the device pool and the requests.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from engine.kv.block import BlockState
 from engine.kv.hashing import block_keys, root_key
-from engine.kv.index import NullIndex
-from engine.kv.tiering import check_tiers
+from engine.kv.index import KeyIndex, NullIndex
+from engine.kv.pins import PinTable
+from engine.kv.pool import BlockPool
+from engine.kv.request import RequestState
+from engine.kv.tiering import Tiering
+from engine.kv.types import CacheStats
 
-if TYPE_CHECKING:
-    from engine.kv.prefix_cache import PrefixCache
-    from engine.kv.request import RequestState
+
+class CacheParts(Protocol):
+    """What the checks read: the parts a ``PrefixCache`` owns, and its reported stats."""
+
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def pool(self) -> BlockPool: ...
+    @property
+    def index(self) -> KeyIndex | NullIndex: ...
+    @property
+    def pins(self) -> PinTable: ...
+    @property
+    def requests(self) -> dict[str, RequestState]: ...
+    @property
+    def tiers(self) -> Tiering: ...
+    def stats(self) -> CacheStats: ...
 
 
-def check_integrity(cache: PrefixCache) -> None:
+def check_integrity(cache: CacheParts) -> None:
     """Raise AssertionError naming the first broken invariant."""
     holders = _check_requests(cache)
     _check_blocks(cache, holders)
     _check_index(cache)
     _check_pool(cache)
     _check_pins(cache)
-    check_tiers(cache)
+    cache.tiers.check_integrity(cache.pool.blocks, cache.requests.values())
 
 
-def _check_requests(cache: PrefixCache) -> Counter[int]:
+def _check_requests(cache: CacheParts) -> Counter[int]:
     bs = cache.block_size
     holders: Counter[int] = Counter()
     for rid, seq in cache.requests.items():
@@ -56,7 +79,7 @@ def _check_requests(cache: PrefixCache) -> Counter[int]:
     return holders
 
 
-def _check_keys(cache: PrefixCache, seq: RequestState) -> None:
+def _check_keys(cache: CacheParts, seq: RequestState) -> None:
     """The keys kept incrementally are the key rule applied from scratch: the namespace root,
     shared blocks unscoped, every block from the scope's first private one re-rooted."""
     if isinstance(cache.index, NullIndex):
@@ -68,7 +91,7 @@ def _check_keys(cache: PrefixCache, seq: RequestState) -> None:
         assert key == expected, f"{seq.request_id!r}: key of block {pos} breaks the key rule"
 
 
-def _check_blocks(cache: PrefixCache, holders: Counter[int]) -> None:
+def _check_blocks(cache: CacheParts, holders: Counter[int]) -> None:
     bs = cache.block_size
     in_use = pending = idle = 0
     for block in cache.pool.blocks:
@@ -84,7 +107,7 @@ def _check_blocks(cache: PrefixCache, holders: Counter[int]) -> None:
             continue
         assert block.state is not BlockState.EMPTY, f"keyed {block!r} is EMPTY"
         if block.state is BlockState.LOADING:
-            pass  # engine/kv/tiering.py checks it
+            pass  # Tiering.check_integrity checks it
         elif block.state is BlockState.PENDING:
             pending += 1
             owner = cache.requests.get(block.owner)  # type: ignore[arg-type]
@@ -114,7 +137,7 @@ def _check_blocks(cache: PrefixCache, holders: Counter[int]) -> None:
     assert cache.pool.num_idle == idle, f"idle count {cache.pool.num_idle} != {idle}"
 
 
-def _check_index(cache: PrefixCache) -> None:
+def _check_index(cache: CacheParts) -> None:
     count = 0
     for key, block in cache.index.items():
         count += 1
@@ -123,7 +146,7 @@ def _check_index(cache: PrefixCache) -> None:
     assert keyed == count, f"{keyed} keyed blocks but {count} index entries"
 
 
-def _check_pool(cache: PrefixCache) -> None:
+def _check_pool(cache: CacheParts) -> None:
     pool = cache.pool
     free_ids = [b.block_id for b in pool.free]
     assert len(set(free_ids)) == len(free_ids), "a block is twice in the free deque"
@@ -141,7 +164,7 @@ def _check_pool(cache: PrefixCache) -> None:
     assert leaves == len(live), f"{leaves} idle leaves but {len(live)} in the evictor heap"
 
 
-def _check_pins(cache: PrefixCache) -> None:
+def _check_pins(cache: CacheParts) -> None:
     counts: Counter[int] = Counter()
     for blocks in cache.pins.handles.values():
         for block in blocks:

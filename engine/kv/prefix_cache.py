@@ -9,9 +9,9 @@ Life of a keyed block::
       +---- dropped ---------+  holder (Handoff), or dropped when nobody else holds it
       +---- evicted --------------------------------------------------------------- idle
 
-Host tier (engine/kv/tiering.py): evicted READY blocks of high enough priority are copied to
-host memory; lookups continue from the device chain into host entries, restored into LOADING
-device blocks; pins beyond the device pin cap live in the host tier.
+Host tier (``Tiering``, engine/kv/tiering.py): evicted READY blocks of high enough priority are
+copied to host memory; lookups continue from the device chain into host entries, restored into
+LOADING device blocks; pins beyond the device pin cap live in the host tier.
 
 Keys (engine/kv/hashing.py) chain from the namespace root; a request admitted with a
 ``CacheScope`` keys its blocks past the scope's shared tokens privately, so it matches the
@@ -25,19 +25,19 @@ every request's keys are the key rule applied to its tokens, namespace and scope
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from engine.kv import tiering
 from engine.kv.block import Block, BlockState
 from engine.kv.handoff import inherit, pick_heir
 from engine.kv.hashing import CacheScope
-from engine.kv.host_tier import HostTier
+from engine.kv.host_tier import HostEntry
 from engine.kv.index import KeyIndex, NullIndex
 from engine.kv.integrity import check_integrity
 from engine.kv.pins import PinTable, resolve_pin
 from engine.kv.pool import BlockPool
 from engine.kv.request import RequestState
+from engine.kv.tiering import Tiering
 from engine.kv.transfers import TransferPlan
 from engine.kv.types import (
     DEFAULT_PRIORITY,
@@ -90,8 +90,9 @@ class PrefixCache:
         self.index: KeyIndex | NullIndex = KeyIndex() if enable_reuse else NullIndex()
         self.pins = PinTable(int(pin_cap_fraction * num_blocks))
         self.requests: dict[str, RequestState] = {}
-        host = HostTier(host_blocks, host_threshold, lambda key: tiering.notify(self, key, None))
-        self.tiers = tiering.TierState(host, block_bytes)
+        self.tiers = Tiering(
+            host_blocks, host_threshold, block_size, block_bytes=block_bytes, listener=listener
+        )
         self._tick = 0  # logical clock: a block's last_access is the tick it was last released
         self._admitted = 0
         self._num_pending = 0
@@ -190,7 +191,7 @@ class PrefixCache:
         keys = self._prompt_keys(request_id, namespace, scope, token_ids)
         cap = (len(token_ids) - 1) // bs
         matched = self.index.match(keys[:cap])
-        hosted = tiering.host_continuation(self, matched, keys, cap)
+        hosted = self.tiers.continuation(matched, keys, cap)
         num_new = -(-len(token_ids) // bs) - len(matched)
         # matched idle blocks are about to be held: they cannot also be evicted for this request
         if num_new > self.pool.num_allocatable - len(matched):  # exact count only when tight
@@ -200,7 +201,7 @@ class PrefixCache:
                 return None
         self._refused = None
         self._admitted += 1
-        self.tiers.host.hold(hosted)  # evictions below may offload: keep these entries
+        self.tiers.hold(hosted)  # evictions below may offload: keep these entries
         seq = RequestState(
             request_id, namespace, self._admitted, self._as_match([]), priorities, scope
         )
@@ -210,7 +211,7 @@ class PrefixCache:
         self._attach(seq, matched)
         seq.num_attached = len(matched) + len(hosted)
         self._append_blocks(seq, num_new)
-        tiering.restore(self, seq, len(matched), hosted)
+        self._restore(seq, len(matched), hosted)
         self._register(seq, seq.num_attached, num_full)
         match = seq.match = self._as_match(seq.blocks[: seq.num_attached])
         self._query_tokens += len(token_ids)
@@ -291,6 +292,23 @@ class PrefixCache:
                 parent.children.add(block)
             seq.owned.append(pos)
             self._num_pending += 1
+
+    def _restore(self, seq: RequestState, first: int, entries: list[HostEntry]) -> None:
+        """Blocks first.. of ``seq`` (fresh) take the keys of the held host ``entries``: linked
+        into the chain LOADING, their copies in planned by the tier."""
+        for i, entry in enumerate(entries):
+            pos = first + i
+            block = seq.blocks[pos]
+            parent = seq.blocks[pos - 1] if pos else None
+            added = self.index.add(entry.key, block)
+            assert added, "a host key is also registered on the device"
+            block.key = entry.key
+            block.state = LOADING
+            block.pos = pos
+            block.parent = parent
+            if parent is not None:
+                parent.children.add(block)
+        self.tiers.restore(seq.blocks[first : first + len(entries)], entries, self._tick)
 
     # ---------------------------------------------------------------- progress / early reuse
 
@@ -410,7 +428,7 @@ class PrefixCache:
         if block is None:
             return None
         key = block.key
-        tiering.offload(self, block)
+        self.tiers.offload(block, self._tick)
         self._unlink(block)
         self._evictions += 1
         if self.listener is not None:
@@ -438,13 +456,16 @@ class PrefixCache:
         num_tokens = len(found) * self.block_size
         result = self.pins.pin(namespace, found, num_tokens, self.pool)
         if isinstance(result, PinFailure) and result.num_new_blocks:  # beyond the device cap
-            return tiering.pin_in_host(self, namespace, found, num_tokens, result)
+            entries = self.tiers.hold_for_pin(found, result, self._tick)
+            if isinstance(entries, PinFailure):
+                return entries
+            return self.tiers.pin(self.pins.new_id(), namespace, entries, num_tokens)
         return result
 
     def unpin(self, handle: PinHandle) -> None:
         """Release a pin (idempotent); its blocks fall back to priority/LRU retention."""
         self._tick += 1
-        if not self.tiers.host.unpin(handle.pin_id, self._tick):
+        if not self.tiers.unpin(handle.pin_id, self._tick):
             self.pins.unpin(handle, self.pool, self._tick)
 
     # ---------------------------------------------------------------- tier transfers
@@ -452,10 +473,21 @@ class PrefixCache:
     def take_transfers(self) -> TransferPlan:
         """Copies planned since the last call, in order; the runner does them before the step's
         forward, then the engine calls ``finish_transfers``."""
-        return tiering.take(self)
+        return self.tiers.take()
 
     def finish_transfers(self, plan: TransferPlan, elapsed_us: int = 0) -> None:
-        tiering.finish(self, plan, elapsed_us)
+        """``plan`` was performed: its restored blocks are READY (idle when unheld)."""
+        for block in self.tiers.finish(plan, elapsed_us):
+            if block.ref_count == 0 and block.pin_count == 0:
+                block.last_access = self._tick
+                self.pool.mark_idle(block)
+
+    def run_transfers(self, copy: Callable[[TransferPlan], int]) -> None:
+        """Take the planned copies, have ``copy`` perform them (it returns the microseconds it
+        took: the runner's ``transfer``), and finish them; nothing when none are planned."""
+        plan = self.take_transfers()
+        if not plan.is_empty:
+            self.finish_transfers(plan, copy(plan))
 
     # ---------------------------------------------------------------- observation
 
@@ -470,7 +502,7 @@ class PrefixCache:
             query_tokens=self._query_tokens,
             hit_tokens=self._hit_tokens,
             evictions=self._evictions,
-            **tiering.stats(self),
+            **self.tiers.stats(),
         )
 
     def check_integrity(self) -> None:

@@ -15,7 +15,7 @@ from engine.kernels import paged_attention, rms_norm, rope_store_kv
 from engine.kernels.metadata import AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.model.linear import Linear
-from engine.model.loader import LayerWeights, ModelWeights
+from engine.model.weights import LayerWeights, ModelWeights
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hkv, D]
 

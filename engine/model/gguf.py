@@ -32,7 +32,7 @@ from engine.model.config import (
 )
 from engine.model.gguf_layout import check_layout
 from engine.model.gguf_tokenizer import gguf_tokenizer
-from engine.model.loader import LayerWeights, LoadedModel, ModelWeights
+from engine.model.weights import LayerWeights, LoadedModel, ModelWeights
 
 GGUF_MAGIC = b"GGUF"
 ARCHITECTURES = {

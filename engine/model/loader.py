@@ -10,36 +10,17 @@ from __future__ import annotations
 
 import sys
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from engine.model.config import ModelConfig, ModelLoadError, parse_config, read_json, resolve_dtype
+from engine.model.gguf import load_gguf
 from engine.model.tokenizer import Tokenizer
+from engine.model.weights import LayerWeights, LoadedModel, ModelWeights
 
 PROGRESS_MIN_BYTES = 1 << 30  # show a progress bar only for checkpoints at least this large
-
-
-@dataclass(frozen=True)
-class LayerWeights:
-    input_norm: torch.Tensor  # [H]
-    qkv: torch.Tensor  # [q_size + 2 * kv_size, H]
-    qkv_bias: torch.Tensor | None
-    o_proj: torch.Tensor  # [H, q_size]
-    o_bias: torch.Tensor | None
-    post_norm: torch.Tensor  # [H]
-    gate_up: torch.Tensor  # [2 * I, H]
-    down: torch.Tensor  # [H, I]
-
-
-@dataclass(frozen=True)
-class ModelWeights:
-    embed: torch.Tensor  # [V, H]
-    layers: tuple[LayerWeights, ...]
-    norm: torch.Tensor  # [H]
-    lm_head: torch.Tensor  # [V, H]; the embedding itself when tied
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -150,22 +131,12 @@ def load_weights(
     return ModelWeights(embed=embed, layers=tuple(layers), norm=norm, lm_head=lm_head)
 
 
-@dataclass(frozen=True)
-class LoadedModel:
-    config: ModelConfig
-    tokenizer: Tokenizer
-    weights: ModelWeights
-    dtype: torch.dtype
-
-
 def load_model(path: str | Path, dtype: str, device: str) -> LoadedModel:
     """An HF model directory or a GGUF file -> config, tokenizer and weights on ``device``.
 
     ``dtype`` is EngineConfig.dtype ("auto" follows the checkpoint; GGUF dequantizes to float32)."""
     path = Path(path)
     if path.is_file():
-        from engine.model.gguf import load_gguf  # imports this module
-
         return load_gguf(path, dtype, device)
     if not path.is_dir():
         raise ModelLoadError(f"{path}: model directory not found (nor a .gguf file)")

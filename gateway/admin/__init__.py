@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from gateway.admin.app import ADMIN_PREFIX, create_admin_app
-from gateway.admin.context import CacheProvider
+from gateway.admin.context import CacheProvider, PromptLimit
 
-__all__ = ["ADMIN_PREFIX", "CacheProvider", "create_admin_app"]
+__all__ = ["ADMIN_PREFIX", "CacheProvider", "PromptLimit", "create_admin_app"]

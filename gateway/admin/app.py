@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.admin import views
 from gateway.admin.auth import admin_auth_middleware
-from gateway.admin.context import ADMIN_CONTEXT, AdminContext, CacheProvider, TokenCounter
+from gateway.admin.context import ADMIN_CONTEXT, AdminContext, CacheProvider, PromptLimit
+from gateway.admin.views import add_routes
+from gateway.admin.widget import add_widget_admin_routes
 from gateway.errors import Handler, error_middleware, register_error
-from gateway.widget.admin import add_widget_admin_routes
 from tenants import errors as te
 from tenants.store import TenantStore
 
@@ -49,30 +49,26 @@ def create_admin_app(
     store: TenantStore,
     *,
     admin_token_sha256: str | None,
-    token_counter: TokenCounter | None = None,
-    max_prompt_tokens: int | None = None,
+    prompt_limit: PromptLimit | None = None,
     cache_provider: CacheProvider | None = None,
     actor: str = "admin",
 ) -> web.Application:
     """The admin sub-app. ``admin_token_sha256`` None refuses every request (401).
 
-    ``token_counter(text) -> int`` with ``max_prompt_tokens`` bounds system prompts (422 with
-    the limit); ``cache_provider(tenant_id)`` answers GET .../cache (503 when not given).
+    ``prompt_limit`` bounds system prompts (422 with the limit; none: unbounded);
+    ``cache_provider(tenant_id)`` answers GET .../cache (503 when not given).
     The store and its engine belong to the caller (opened and closed by the gateway).
     """
-    if (token_counter is None) != (max_prompt_tokens is None):
-        raise ValueError("token_counter and max_prompt_tokens must be given together")
     register_tenant_errors()
     app = web.Application(
         middlewares=[error_middleware, admin_auth_middleware(admin_token_sha256), no_nul_params]
     )
     app[ADMIN_CONTEXT] = AdminContext(
         store=store,
-        token_counter=token_counter,
-        max_prompt_tokens=max_prompt_tokens,
+        prompt_limit=prompt_limit,
         cache_provider=cache_provider,
         actor=actor,
     )
-    views.add_routes(app)
+    add_routes(app)
     add_widget_admin_routes(app)  # PUT/GET /v1/tenants/{id}/widget, POST .../rotate-secret
     return app

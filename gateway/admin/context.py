@@ -16,10 +16,18 @@ TokenCounter = Callable[[str], int]
 
 
 @dataclass(frozen=True)
+class PromptLimit:
+    """How system prompts are bounded: ``count(text)`` tokens, at most ``max_tokens()``. Both
+    are asked per request (the gateway's read the engine it opens after building the app)."""
+
+    count: TokenCounter
+    max_tokens: Callable[[], int]
+
+
+@dataclass(frozen=True)
 class AdminContext:
     store: TenantStore
-    token_counter: TokenCounter | None
-    max_prompt_tokens: int | None
+    prompt_limit: PromptLimit | None
     cache_provider: CacheProvider | None
     actor: str
 

@@ -80,12 +80,12 @@ def _version(request: web.Request) -> int:
 
 
 def _check_prompt(request: web.Request, text: str, param: str) -> None:
-    ctx = _ctx(request)
-    if ctx.token_counter is None or ctx.max_prompt_tokens is None:
+    limit = _ctx(request).prompt_limit
+    if limit is None:
         return
-    num_tokens = ctx.token_counter(text)
-    if num_tokens > ctx.max_prompt_tokens:
-        raise PromptTooLong(num_tokens, ctx.max_prompt_tokens, param=param)
+    num_tokens, max_tokens = limit.count(text), limit.max_tokens()
+    if num_tokens > max_tokens:
+        raise PromptTooLong(num_tokens, max_tokens, param=param)
 
 
 async def create_tenant(request: web.Request) -> web.Response:

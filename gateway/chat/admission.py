@@ -19,7 +19,6 @@ from gateway.chat.bounds import check_choices, check_logprobs_size, too_wide_err
 from gateway.chat.observe import RequestObserver
 from gateway.chat.prompt import assemble, check_bounds, check_client_system, context_length_error
 from gateway.chat.schemas import ChatRequest, parse_chat_request
-from gateway.chat.tokenize import prompt_work
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState
 from gateway.errors import ApiError
 from gateway.pins import PromptEntry
@@ -27,6 +26,7 @@ from gateway.ratelimit import Decision, Lease, LimiterUnavailable, Scope
 from gateway.ratelimit.scopes import VisitorDefaults, admission_scopes, client_address
 from gateway.ratelimit.types import REASON_TOO_WIDE
 from gateway.settings import ModelSettings
+from gateway.tokenize_pool import prompt_work
 from tenants.runtime import TenantRuntime
 
 T = TypeVar("T")

@@ -19,57 +19,21 @@ Bounds checked before any rendering or tokenizing (``check_bounds``): at most
 ``min(MAX_MESSAGES, max_model_len)`` messages, and no more characters than ``max_model_len``
 tokens can cover (engine/model/text_bound.py: a bound that never refuses a prompt that fits, for
 templates that copy message text).
+
+The prefix itself (``TenantPrefix``, ``build_prefix``) is gateway/tenant_prefix.py's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 from engine.model.chat_encoding import ForgedMark, TokenLimitExceeded
 from engine.model.text_bound import TextBound
 from gateway.chat.schemas import ChatMessage
 from gateway.errors import ApiError
+from gateway.tenant_prefix import ChatTokenizer, TemplateMismatch, TenantPrefix
 
 MAX_MESSAGES = 2048  # OpenAI's cap on the messages of one request
-
-
-class ChatTokenizer(Protocol):
-    def apply_chat_template(
-        self,
-        messages: Sequence[dict[str, str]],
-        *,
-        add_generation_prompt: bool = ...,
-        marked: bool = ...,
-    ) -> str: ...
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def encode_marked(self, text: str, limit: int | None = ...) -> list[int]: ...
-
-
-class TemplateMismatch(RuntimeError):
-    """The chat template does not render the tenant prefix as a prefix of the conversation."""
-
-
-@dataclass(frozen=True)
-class TenantPrefix:
-    """The tenant's system prompt: its marked rendering (where the conversation is cut) and its
-    token ids (the tokenizer's own encoding of the plain rendering); empty when it has none."""
-
-    system_prompt: str | None
-    rendered: str
-    ids: tuple[int, ...]
-
-
-def build_prefix(tokenizer: ChatTokenizer, system_prompt: str | None) -> TenantPrefix:
-    if not system_prompt:
-        return TenantPrefix(None, "", ())
-    turn = [{"role": "system", "content": system_prompt}]
-    plain = tokenizer.apply_chat_template(turn, add_generation_prompt=False)
-    marked = tokenizer.apply_chat_template(turn, add_generation_prompt=False, marked=True)
-    return TenantPrefix(system_prompt, marked, tuple(tokenizer.encode(plain)))
 
 
 def to_template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:

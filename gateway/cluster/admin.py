@@ -1,13 +1,13 @@
 """``GET /admin/v1/cluster`` and the per-worker Prometheus metrics.
 
-Both read the cluster engine's state at request / scrape time; tenants are named by id (the
-pin manager passes it), never by cache salt.
+Both read the engine at request / scrape time from the app's ``RunningEngine`` (it opens after
+the app is built); tenants are named by id (the pin manager passes it), never by cache salt.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -16,19 +16,31 @@ from prometheus_client.registry import Collector
 
 from gateway.cluster.engine import ClusterEngine
 
-CLUSTER = web.AppKey("cluster", object)
+
+class OpenedEngine(Protocol):
+    """The app's engine once open (gateway/engine_source.py ``RunningEngine``)."""
+
+    @property
+    def engine(self) -> Any: ...  # raises EngineClosed (503) before the engine opened
+
+    def get(self) -> Any: ...  # None before the engine opened
 
 
-def add_cluster_view(admin: web.Application, engine: Any, registry: CollectorRegistry) -> None:
-    """Route ``/v1/cluster`` on the admin sub-app; metrics when ``engine`` is a cluster."""
-    admin[CLUSTER] = engine
+CLUSTER = web.AppKey("cluster", OpenedEngine)
+
+
+def add_cluster_view(
+    admin: web.Application, opened: OpenedEngine, registry: CollectorRegistry
+) -> None:
+    """Route ``/v1/cluster`` on the admin sub-app; per-worker metrics while the engine is a
+    cluster (nothing for an in-process engine)."""
+    admin[CLUSTER] = opened
     admin.router.add_get("/v1/cluster", _cluster)
-    if isinstance(engine, ClusterEngine):
-        registry.register(ClusterCollector(engine))
+    registry.register(ClusterCollector(opened))
 
 
 async def _cluster(request: web.Request) -> web.Response:
-    engine = request.app[CLUSTER]
+    engine = request.app[CLUSTER].engine
     if not isinstance(engine, ClusterEngine):
         return web.json_response({"mode": "in_process", "workers": [], "tenants": {}})
     return web.json_response(cluster_report(engine))
@@ -81,11 +93,13 @@ def cluster_report(engine: ClusterEngine) -> dict[str, Any]:
 
 
 class ClusterCollector(Collector):
-    def __init__(self, engine: ClusterEngine) -> None:
-        self._engine = engine
+    def __init__(self, opened: OpenedEngine) -> None:
+        self._opened = opened
 
     def collect(self) -> Iterator[Any]:
-        e = self._engine
+        e = self._opened.get()
+        if not isinstance(e, ClusterEngine):
+            return
         up = GaugeMetricFamily(
             "kvgate_worker_up", "1 while the worker is healthy", labels=["worker"]
         )

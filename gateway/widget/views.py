@@ -15,9 +15,10 @@ from pathlib import Path
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gateway import session_tokens
 from gateway.context import SETTINGS, STATE
 from gateway.errors import ApiError
-from gateway.widget import issuance, tokens
+from gateway.widget import issuance
 from gateway.widget.body import read_json
 from tenants.schemas import ORIGIN_RE, parse
 
@@ -81,7 +82,7 @@ class SessionIn(BaseModel):
 
     end_user_id: str = Field(min_length=1, max_length=200)
     origin: str
-    ttl_s: int = Field(default=900, ge=1, le=tokens.MAX_TTL_S)
+    ttl_s: int = Field(default=900, ge=1, le=session_tokens.MAX_TTL_S)
 
     @field_validator("origin")
     @classmethod
@@ -112,11 +113,11 @@ async def create_session(request: web.Request) -> web.Response:
         secret = await issuance.session_secret(state, principal.runtime)
     tenant_id = principal.runtime.tenant_id
     expires_at = int(time.time()) + data.ttl_s
-    claims = tokens.SessionClaims(
+    claims = session_tokens.SessionClaims(
         tenant_id, principal.identity.key_id, data.origin, data.end_user_id, expires_at
     )
     body = {
-        "token": tokens.sign(claims, secret),
+        "token": session_tokens.sign(claims, secret),
         "expires_at": expires_at,
         "expires_in": data.ttl_s,
         "origin": data.origin,

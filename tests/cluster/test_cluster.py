@@ -24,7 +24,7 @@ def prompt(tenant: int, blocks: int) -> list[int]:
 
 @contextlib.asynccontextmanager
 async def running(workers: list[LocalWorker], **kwargs: object) -> AsyncIterator[ClusterEngine]:
-    eng = cluster_engine(workers, **kwargs)
+    eng = await cluster_engine(workers, **kwargs)
     await eng.start()
     try:
         yield eng

@@ -54,7 +54,7 @@ async def client(eng: ClusterEngine, seed: int, stop: asyncio.Event, log: list[D
 async def test_killing_a_worker_under_load(demo_model_dir: Path) -> None:
     workers = start_workers(demo_model_dir, ["f0", "f1", "f2"])
     try:
-        eng = cluster_engine(workers, health_s=0.3)
+        eng = await cluster_engine(workers, health_s=0.3)
         await eng.start()
         try:
             await run_scenario(eng, workers)

@@ -150,7 +150,7 @@ async def test_pins_report_their_tier_per_worker_through_a_real_worker(
         client = WorkerClient(host_tier_worker.url, TOKEN, http, timeout_s=30.0)
         other = await client.pin("another-gateway", _prompt(1, 5))  # takes most of the cap
         assert other.tier == "device" and len(other.block_ids) == 5
-        engine = cluster_engine([host_tier_worker])
+        engine = await cluster_engine([host_tier_worker])
         await engine.start()
         try:
             ids = _prompt(7, 5)

@@ -37,7 +37,7 @@ async def test_pins_converge_to_the_placement_after_a_worker_joins(demo_model_di
     # fresh workers: pins other tests left on the shared ones would eat into the budgets
     workers: list[LocalWorker] = []
     workers += await asyncio.to_thread(start_workers, demo_model_dir, ["w0", "w1"])
-    eng = cluster_engine(workers, health_s=HEALTH_S)
+    eng = await cluster_engine(workers, health_s=HEALTH_S)
     try:
         await eng.start()
         # 14 tenants x 12 blocks = 168: two workers (budget 64 each) hold 10, three hold all.

@@ -45,9 +45,9 @@ def stop_workers(workers: list[LocalWorker]) -> None:
     asyncio.run(stop_all(workers))
 
 
-def cluster_engine(workers: list[LocalWorker], **kwargs: Any) -> ClusterEngine:
+async def cluster_engine(workers: list[LocalWorker], **kwargs: Any) -> ClusterEngine:
     urls = tuple(w.url for w in workers)
-    info, payload = fetch_bootstrap(urls, TOKEN, 10.0)
+    info, payload = await fetch_bootstrap(urls, TOKEN, 10.0)
     kwargs.setdefault("health_s", 0.3)
     stats = LoadStats(None, "", kwargs.pop("load_window_s", 10.0))
     tokenizer = tokenizer_from_payload(payload)

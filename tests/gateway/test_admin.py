@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.admin import ADMIN_PREFIX, create_admin_app
+from gateway.admin import ADMIN_PREFIX, PromptLimit, create_admin_app
 from tenants.store import TenantStore
 from tests.tenants.factories import ADMIN_TOKEN, dump_tables
 from tests.tenants.fixtures import db_url, postgresql_url, sqlite_url, store
@@ -33,8 +33,7 @@ def fake_cache(tenant_id: str) -> dict[str, Any]:
 async def _client(store: TenantStore, **overrides: Any) -> TestClient:
     kwargs: dict[str, Any] = {
         "admin_token_sha256": TOKEN_SHA,
-        "token_counter": count_words,
-        "max_prompt_tokens": MAX_PROMPT_TOKENS,
+        "prompt_limit": PromptLimit(count_words, lambda: MAX_PROMPT_TOKENS),
         "cache_provider": fake_cache,
         **overrides,
     }

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.chat.prompt import assemble, build_prefix
+from gateway.chat.prompt import assemble
 from gateway.chat.schemas import ChatMessage
+from gateway.tenant_prefix import build_prefix
 from tests.gateway.harness import live_gateway, make_settings, wait_for
 
 SYSTEM = (

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sqlalchemy import event
 
-from gateway.widget import tokens
+from gateway import session_tokens as tokens
 from tests.gateway.harness import live_gateway, make_settings
 from tests.widget.helpers import widget_chat, widget_tenant
 

@@ -18,10 +18,10 @@ from typing import cast
 import redis.asyncio as aioredis
 from aiohttp.test_utils import make_mocked_request
 
+from gateway import session_tokens as tokens
 from gateway.auth import KeyCache, Principal
 from gateway.errors import ApiError
 from gateway.ratelimit.scopes import VisitorDefaults, admission_scopes
-from gateway.widget import tokens
 from tenants.errors import StoreUnavailable
 from tenants.events import EventBus, RedisEventBridge, TenantChanged
 from tenants.runtime import KeyIdentity, TenantRuntime, WidgetPolicy

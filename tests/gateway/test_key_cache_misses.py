@@ -11,8 +11,8 @@ import asyncio
 import dataclasses
 import time
 
+from gateway import session_tokens as tokens
 from gateway.auth import KeyCache
-from gateway.widget import tokens
 from tenants.events import TenantChanged
 from tenants.runtime import KeyIdentity, WidgetPolicy
 from tests.gateway.test_key_cache_events import (

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gateway.chat.prompt import assemble, build_prefix
+from gateway.chat.prompt import assemble
 from gateway.chat.schemas import ChatMessage
+from gateway.tenant_prefix import build_prefix
 from tests.gateway.harness import LiveGateway, live_gateway, make_settings
 
 ORIGIN = "https://shop.example"

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from gateway.chat.tokenize import INLINE_WORK, NICE, TokenizePool
 from gateway.errors import ApiError
+from gateway.tokenize_pool import INLINE_WORK, NICE, TokenizePool
 
 LARGE = INLINE_WORK + 1
 

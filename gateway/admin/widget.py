@@ -1,4 +1,4 @@
-"""Admin routes of the widget (mounted in the admin sub-app, behind its bearer auth)::
+"""Admin routes of a tenant's widget settings (in the admin sub-app, behind its bearer auth)::
 
 GET  /v1/tenants/{id}/widget                  the settings (the secret only as a flag)
 PUT  /v1/tenants/{id}/widget                  {title, greeting, accent, require_session,

@@ -1,4 +1,5 @@
-"""End-user session tokens of the widget: short-lived, HMAC-signed, bound to one origin.
+"""End-user session tokens: short-lived, HMAC-signed, bound to one origin. Issued to widget
+pages (gateway/widget/views.py), checked with every other credential by gateway/auth.py.
 
     kvws_<payload>.<mac>      payload = base64url(JSON claims), mac = base64url(HMAC-SHA256)
     claims = {"t": tenant id, "k": issuing key id, "o": origin, "u": end user id, "e": expiry}
