@@ -192,7 +192,7 @@ async def _drive(
     await eng.start()
     try:
         for t in range(w.tenants):
-            await eng.pin_tenant(f"t{t}", namespace(t, salt), system_prompt(t, w.system_blocks))
+            await eng.pin(f"t{t}", namespace(t, salt), system_prompt(t, w.system_blocks))
         plan = plan_requests(w, run.seed)
         moves, t0 = eng.placer.moves, time.monotonic()
         load = asyncio.create_task(client_load(eng, w, plan, t0, run.samples, salt))

@@ -93,10 +93,10 @@ class _Setup:
         self.prompt_ids: list[int] = []
 
 
-async def _start(settings: Any, engine: Any) -> _Setup:
+async def _start(settings: Any, engine: Any = None, cluster: Any = None) -> _Setup:
     from gateway.app import create_app
 
-    app = create_app(settings, engine=engine)
+    app = create_app(settings, engine=engine, cluster=cluster)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -170,10 +170,11 @@ async def _timed_written(request: Callable[[], Awaitable[None]]) -> tuple[float,
 
 
 async def _direct(engine: Any, setup: _Setup, params: Any) -> float:
+    from engine.api import GenerateOptions
+
     async def request() -> None:
-        stream = engine.generate(
-            setup.prompt_ids, params, namespace=setup.salt, cache_scope=setup.scope
-        )
+        options = GenerateOptions(setup.salt, cache_scope=setup.scope)
+        stream = engine.generate(setup.prompt_ids, params, options)
         async for _ in stream:
             pass
 
@@ -371,10 +372,10 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             # One engine for all: the app that starts it first owns it; the others reuse it.
             settings = Settings.from_env(env)
             if name.startswith("workers"):
-                own = _worker_engine(model_dir, settings, unix=name != "workers_tcp")
+                cluster = _worker_engine(model_dir, settings, unix=name != "workers_tcp")
+                setups[name] = await _start(settings, cluster=cluster)
             else:
-                own = engine
-            setups[name] = await _start(settings, own)
+                setups[name] = await _start(settings, engine)
             async with aiohttp.ClientSession() as http:
                 await _make_tenant(setups[name], http, f"bench-{name.replace('_', '-')}")
         model = model_dir.resolve().name

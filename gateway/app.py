@@ -18,6 +18,7 @@ from aiohttp import web
 from opentelemetry.sdk.trace.export import SpanExporter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from engine.api import EngineClient
 from engine.errors import (
     DuplicateRequestId,
     EngineClosed,
@@ -31,6 +32,7 @@ from gateway.auth import KeyCache
 from gateway.chat import views
 from gateway.chat.prompt import TemplateMismatch, build_prefix
 from gateway.cluster.admin import add_cluster_view
+from gateway.cluster.engine import ClusterEngine
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState, Telemetry
 from gateway.dbready import DB_PROBE, DatabaseProbe
 from gateway.errors import error_middleware, register_error
@@ -64,8 +66,8 @@ def register_gateway_errors() -> None:
     register_error(TemplateMismatch, 500, "internal_error", "chat_template_mismatch")
 
 
-def load_engine(model: ModelSettings, model_dir: str) -> Any:
-    from engine import AsyncEngine
+def load_engine(model: ModelSettings, model_dir: str) -> EngineClient:
+    from engine.async_engine import AsyncEngine
 
     return AsyncEngine.from_pretrained(model_dir, **model.engine_overrides())
 
@@ -73,20 +75,24 @@ def load_engine(model: ModelSettings, model_dir: str) -> Any:
 def create_app(
     settings: Settings,
     *,
-    engine: Any = None,
+    engine: EngineClient | None = None,
+    cluster: ClusterEngine | None = None,
     model_dir: str | None = None,
     span_exporter: SpanExporter | None = None,
     local_worker: bool = False,
 ) -> web.Application:
-    """The gateway. ``engine``: an AsyncEngine (not started) to use instead of loading
-    ``model_dir`` / ``KVGATE_MODEL``; ``span_exporter``: an extra exporter (tests).
+    """The gateway. ``engine``: an engine in this process (not started) to use instead of
+    loading ``model_dir`` / ``KVGATE_MODEL``; ``cluster``: an engine in worker processes (not
+    started) to use instead; ``span_exporter``: an extra exporter (tests).
     With ``KVGATE_WORKERS`` set, or ``local_worker`` (``kvgate serve``: one worker process
     started here), the engine runs in worker processes (gateway/cluster/)."""
     register_gateway_errors()
-    if engine is None and (settings.cluster.workers or local_worker):
+    if engine is None and cluster is None and (settings.cluster.workers or local_worker):
         from gateway.cluster.bootstrap import open_cluster
 
-        engine = open_cluster(settings, model_dir or settings.model.path)
+        cluster = open_cluster(settings, model_dir or settings.model.path)
+    if cluster is not None:
+        engine = cluster
     if engine is None:
         path = model_dir or settings.model.path
         if path is None:
@@ -111,15 +117,15 @@ def create_app(
         deadline_s=dbs.timeout_s,
         health=DbHealth(dbs.retry_s),
     )
-    tokenizer = engine.tokenizer
+    tokenizer = engine.info.tokenizer
     admin = create_admin_app(
         store,
         admin_token_sha256=settings.tenants.admin_token_sha256,
         token_counter=lambda t: len(build_prefix(tokenizer, t).ids),
-        max_prompt_tokens=max(1, engine.max_model_len // 2),
+        max_prompt_tokens=max(1, engine.info.max_model_len // 2),
         cache_provider=lambda tenant_id: app[STATE].pins.cache_info(tenant_id),
     )
-    add_cluster_view(admin, engine, app[TELEMETRY].metrics.registry)
+    add_cluster_view(admin, cluster, app[TELEMETRY].metrics.registry)
     app.add_subapp(ADMIN_PREFIX, admin)
     app.cleanup_ctx.append(_lifecycle(store, db, engine, model_name))
     app.on_shutdown.append(_start_draining)
@@ -157,7 +163,7 @@ def make_limiter(settings: Settings) -> Limiter:
     )
 
 
-def _lifecycle(store: TenantStore, db: AsyncEngine, engine: Any, model_name: str) -> Any:
+def _lifecycle(store: TenantStore, db: AsyncEngine, engine: EngineClient, model_name: str) -> Any:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
         tel = app[TELEMETRY]
@@ -174,8 +180,7 @@ def _lifecycle(store: TenantStore, db: AsyncEngine, engine: Any, model_name: str
                 stack.push_async_callback(bridge.aclose)
             limiter = make_limiter(settings)
             stack.push_async_callback(limiter.close)
-            if isinstance(limiter, FailoverLimiter):
-                await limiter.warm()
+            await limiter.warm()
             await engine.start()
             stack.push_async_callback(engine.shutdown)
             recorder = LastUsedRecorder()
@@ -187,9 +192,10 @@ def _lifecycle(store: TenantStore, db: AsyncEngine, engine: Any, model_name: str
                 on_use=recorder.record,
                 stale_max_s=settings.database.stale_max_s,
             )
-            pins = PinManager(engine, engine.tokenizer, store)
+            tokenizer = engine.info.tokenizer
+            pins = PinManager(engine, tokenizer, store)
             stack.push_async_callback(pins.close)
-            state = GatewayState(store, limiter, engine, engine.tokenizer, model_name, keys, pins)
+            state = GatewayState(store, limiter, engine, tokenizer, model_name, keys, pins)
             app[STATE] = state
             store.bus.subscribe(keys.on_event)
             store.bus.subscribe(pins.on_event)
@@ -230,10 +236,11 @@ async def _readyz(request: web.Request) -> web.Response:
     database = await request.app[DB_PROBE].readiness(state.store, state.keys)
     checks["database"] = database.passing  # passes while degraded (last-known-good)
     redis = "none"  # no Redis configured: the in-process limiter
-    if isinstance(state.limiter, FailoverLimiter):
+    shared = state.limiter.shared_state()
+    if shared is not None:
         up = await state.limiter.ping()
         # Fail open: the in-process limiter serves while Redis is away (degraded, still ready).
-        redis = "up" if up else "degraded" if state.limiter.fail_open else "down"
+        redis = "up" if up else "degraded" if shared.fail_open else "down"
         checks["redis"] = redis != "down"
     checks["engine"] = bool(state.engine.is_running)
     checks["pins"] = state.pins.ready.is_set()

@@ -20,6 +20,7 @@ import time
 
 from aiohttp import web
 
+from engine.api import GenerateOptions
 from engine.params import SamplingParams
 from gateway.auth import Principal
 from gateway.chat.bounds import check_choices, check_logprobs_size, too_wide_error
@@ -158,7 +159,7 @@ async def _serve(
         n_prompt = len(prompt_ids)
         settings = request.app[SETTINGS]
         max_tokens = resolve_max_tokens(
-            body, rt, n_prompt, state.engine.max_model_len, settings.model.default_max_tokens
+            body, rt, n_prompt, state.engine.info.max_model_len, settings.model.default_max_tokens
         )
         obs.set_max_tokens(max_tokens)
         if not body.stream:
@@ -174,18 +175,18 @@ async def _serve(
         lease = Lease.new(rt.tenant_id, scopes, reserve, slots=body.num_choices)
         decision = await _admit(state, lease, obs)
         headers = {**decision.headers(), "x-request-id": rid}
+        # blocks past the tenant prefix are the end user's own (gateway/chat/cache_scope.py)
+        scope = request_cache_scope(request, principal, body.user, len(entry.prefix.ids))
+        options = GenerateOptions(entry.namespace, rid, cache_scope=scope)
         gen = ChoiceGroup(
             state.engine,
             state.tokenizer,
             prompt_ids,
             params,
+            options,
             n=body.num_choices,
-            namespace=entry.namespace,
-            request_id=rid,
             stops=body.stop_strings,
             streamed=body.stream,
-            # blocks past the tenant prefix are the end user's own (gateway/chat/cache_scope.py)
-            cache_scope=request_cache_scope(request, principal, body.user, len(entry.prefix.ids)),
         )
         await gen.start()
         obs.stats = gen.stats  # admitted by the engine: recorded whatever ends the request

@@ -7,6 +7,7 @@ pin manager passes it), never by cache salt.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -16,20 +17,31 @@ from prometheus_client.registry import Collector
 
 from gateway.cluster.engine import ClusterEngine
 
-CLUSTER = web.AppKey("cluster", object)
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What the admin view reads: the cluster engine, when the engine runs in workers (None
+    when it runs in this process)."""
+
+    engine: ClusterEngine | None
 
 
-def add_cluster_view(admin: web.Application, engine: Any, registry: CollectorRegistry) -> None:
-    """Route ``/v1/cluster`` on the admin sub-app; metrics when ``engine`` is a cluster."""
-    admin[CLUSTER] = engine
+CLUSTER = web.AppKey("cluster", ClusterView)
+
+
+def add_cluster_view(
+    admin: web.Application, cluster: ClusterEngine | None, registry: CollectorRegistry
+) -> None:
+    """Route ``/v1/cluster`` on the admin sub-app; per-worker metrics with a ``cluster``."""
+    admin[CLUSTER] = ClusterView(cluster)
     admin.router.add_get("/v1/cluster", _cluster)
-    if isinstance(engine, ClusterEngine):
-        registry.register(ClusterCollector(engine))
+    if cluster is not None:
+        registry.register(ClusterCollector(cluster))
 
 
 async def _cluster(request: web.Request) -> web.Response:
-    engine = request.app[CLUSTER]
-    if not isinstance(engine, ClusterEngine):
+    engine = request.app[CLUSTER].engine
+    if engine is None:
         return web.json_response({"mode": "in_process", "workers": [], "tenants": {}})
     return web.json_response(cluster_report(engine))
 

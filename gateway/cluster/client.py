@@ -17,8 +17,9 @@ from typing import Any
 
 import aiohttp
 
+from engine.api import GenerateOptions
 from engine.errors import EngineDead
-from engine.kv import CacheScope, CacheStats, PinHandle, PriorityRange
+from engine.kv import CacheStats, PinHandle
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.params import SamplingParams
 from engine.worker import wire
@@ -174,31 +175,25 @@ class WorkerClient:
                 raise WorkerUnavailable(f"event stream lost: {type(exc).__name__}") from None
 
     async def generate(
-        self,
-        token_ids: Sequence[int],
-        params: SamplingParams,
-        *,
-        namespace: str,
-        request_id: str,
-        priorities: Sequence[PriorityRange] = (),
-        interim: bool = True,
-        cache_scope: CacheScope | None = None,
+        self, token_ids: Sequence[int], params: SamplingParams, options: GenerateOptions
     ) -> AsyncIterator[RequestOutput]:
         """Outputs as ``AsyncEngine.generate`` yields them (``interim=False``: the first and the
         final only). Closing the iterator early closes the connection, which aborts the request on
-        the worker."""
-        body = {
+        the worker. ``options.request_id`` must be set."""
+        request_id = options.request_id
+        assert request_id is not None, "the cluster names every request"
+        body: dict[str, Any] = {
             "ids": list(token_ids),
             "params": wire.params_to_wire(params),
-            "ns": namespace,
+            "ns": options.namespace,
             "rid": request_id,
         }
-        if priorities:
-            body["prio"] = wire.priorities_to_wire(tuple(priorities))
-        if not interim:
+        if options.priorities:
+            body["prio"] = wire.priorities_to_wire(options.priorities)
+        if not options.interim:
             body["interim"] = False
-        if cache_scope is not None:
-            body["scope"] = wire.scope_to_wire(cache_scope)
+        if options.cache_scope is not None:
+            body["scope"] = wire.scope_to_wire(options.cache_scope)
         try:
             resp = await self._pool.request(
                 "POST", "/v1/generate", self._json_headers, wire.encode(body), self._connect_s

@@ -9,6 +9,7 @@ import asyncio
 import aiohttp
 import pytest
 
+from engine.api import GenerateOptions
 from engine.kv import CacheScope
 from engine.kv.hashing import block_keys, root_key
 from engine.params import SamplingParams
@@ -76,7 +77,9 @@ async def test_the_worker_api_keys_blocks_in_the_request_scope(
             outs = [
                 o
                 async for o in client.generate(
-                    convo, params, namespace="ns-wire", request_id=rid, cache_scope=sc
+                    convo,
+                    params,
+                    GenerateOptions(namespace="ns-wire", request_id=rid, cache_scope=sc),
                 )
             ]
             return outs[-1].num_cached_tokens
@@ -106,16 +109,26 @@ async def test_a_returning_visitor_is_routed_to_the_worker_holding_its_conversat
 ) -> None:
     # any traffic makes the tenant hot enough for a replica on every worker
     async with running(three_workers, replica_rate=0.01, load_window_s=0.5) as eng:
-        pin = await eng.pin_tenant("vis", "ns-vis", SYSTEM)
+        pin = await eng.pin("vis", "ns-vis", SYSTEM)
         async with asyncio.timeout(10):
             while len(eng.placer.placement.workers_of(pin.key)) < 3:
-                outs = [o async for o in eng.generate([*SYSTEM, 1], GREEDY, namespace="ns-vis")]
+                outs = [
+                    o
+                    async for o in eng.generate(
+                        [*SYSTEM, 1], GREEDY, GenerateOptions(namespace="ns-vis")
+                    )
+                ]
                 assert outs[-1].finished
                 await asyncio.sleep(0.2)
 
         async def turn(ids: list[int], sc: CacheScope) -> tuple[list[int], int, str]:
             before = {w: dict(m.routed) for w, m in eng.healthy().items()}
-            outs = [o async for o in eng.generate(ids, GREEDY, namespace="ns-vis", cache_scope=sc)]
+            outs = [
+                o
+                async for o in eng.generate(
+                    ids, GREEDY, GenerateOptions(namespace="ns-vis", cache_scope=sc)
+                )
+            ]
             (wid,) = [w for w, m in eng.healthy().items() if dict(m.routed) != before[w]]
             routed = eng.healthy()[wid].routed
             (reason,) = [r for r in routed if routed[r] != before[wid].get(r, 0)]

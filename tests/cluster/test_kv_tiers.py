@@ -154,7 +154,7 @@ async def test_pins_report_their_tier_per_worker_through_a_real_worker(
         await engine.start()
         try:
             ids = _prompt(7, 5)
-            pin = await engine.pin_tenant("acme", "acme-salt", ids)
+            pin = await engine.pin("acme", "acme-salt", ids)
             assert pin.tiers(engine.healthy()) == {"h0": "host"} and pin.tier == "host"
             assert cluster_report(engine)["tenants"]["acme"]["pin_tiers"] == {"h0": "host"}
             info = _cache_info(engine, pin, len(ids))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import aiohttp
 
+from engine.api import GenerateOptions
 from engine.params import SamplingParams
 from gateway.cluster.client import WorkerClient
 from gateway.cluster.local import LocalWorker
@@ -36,8 +37,18 @@ async def test_local_worker_streams_generate_over_its_unix_socket(demo_model_dir
         async with aiohttp.ClientSession() as http:
             tcp = WorkerClient(worker.url, TOKEN, http)
             unix = WorkerClient(worker.url, TOKEN, http, unix_path=path)
-            want = [o async for o in tcp.generate(prompt, GREEDY, namespace="u", request_id="a")]
-            got = [o async for o in unix.generate(prompt, GREEDY, namespace="u", request_id="b")]
+            want = [
+                o
+                async for o in tcp.generate(
+                    prompt, GREEDY, GenerateOptions(namespace="u", request_id="a")
+                )
+            ]
+            got = [
+                o
+                async for o in unix.generate(
+                    prompt, GREEDY, GenerateOptions(namespace="u", request_id="b")
+                )
+            ]
             assert got[-1].token_ids == want[-1].token_ids and len(got[-1].token_ids) == 4
             # the pooled connection the stream went back to is the Unix socket's
             idle = unix._pool._idle

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 from aiohttp import web
 
+from engine.api import GenerateOptions
 from engine.async_engine import AsyncEngine
 from engine.params import SamplingParams
 from engine.worker import wire
@@ -162,7 +163,9 @@ async def test_a_caller_that_leaves_aborts_its_request(served: Served) -> None:
 
     async with aiohttp.ClientSession() as http:
         client = WorkerClient(served.url, TOKEN, http)
-        stream = client.generate([5, 6, 7, 8], _params(500), namespace="n", request_id="long")
+        stream = client.generate(
+            [5, 6, 7, 8], _params(500), GenerateOptions(namespace="n", request_id="long")
+        )
         first = await anext(stream)
         assert not first.finished and served.engine.cache_stats().blocks_in_use > 0
         await stream.aclose()  # the connection closes: the fast path cancels the call
@@ -186,8 +189,15 @@ async def test_an_engine_refusal_reaches_the_client_as_that_error(served: Served
         client = WorkerClient(served.url, TOKEN, http)
         too_long = list(range(3, 3 + served.engine.max_model_len + 1))
         with pytest.raises(PromptTooLong):
-            async for _ in client.generate(too_long, _params(1), namespace="n", request_id="x"):
+            async for _ in client.generate(
+                too_long, _params(1), GenerateOptions(namespace="n", request_id="x")
+            ):
                 pass
-        outs = [o async for o in client.generate([5, 6], _params(2), namespace="n", request_id="y")]
+        outs = [
+            o
+            async for o in client.generate(
+                [5, 6], _params(2), GenerateOptions(namespace="n", request_id="y")
+            )
+        ]
         assert outs[-1].finished
         client.close()
