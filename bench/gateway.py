@@ -358,6 +358,8 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             ("workers", {"KVGATE_REDIS_URL": redis.url}),
             ("workers_tcp", {"KVGATE_REDIS_URL": redis.url}),
             ("workers_in_process", {}),
+            ("workers_http", {"KVGATE_REDIS_URL": redis.url}),
+            ("workers_http_tcp", {"KVGATE_REDIS_URL": redis.url}),
         )
         for name, extra in runs:
             db = f"sqlite+aiosqlite:///{tmp}/{name}.db"
@@ -372,7 +374,8 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             # One engine for all: the app that starts it first owns it; the others reuse it.
             settings = Settings.from_env(env)
             if name.startswith("workers"):
-                cluster = _worker_engine(model_dir, settings, unix=name != "workers_tcp")
+                unix = not name.endswith("_tcp")
+                cluster = _worker_engine(model_dir, settings, unix=unix, http="_http" in name)
                 setups[name] = await _start(settings, cluster=cluster)
             else:
                 setups[name] = await _start(settings, engine)
@@ -396,13 +399,18 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         redis.stop()
 
 
-def _worker_engine(model_dir: Path, settings: Any, *, unix: bool) -> Any:
-    """A ClusterEngine over one local worker process (the ``kvgate serve`` default: ``unix``)."""
+def _worker_engine(model_dir: Path, settings: Any, *, unix: bool, http: bool = False) -> Any:
+    """A ClusterEngine over one local worker process (the ``kvgate serve`` default: ``unix``);
+    ``http``: its calls over the HTTP/1.1 protocol before the message transport."""
     from gateway.cluster.bootstrap import open_cluster
+    from gateway.cluster.client_http import HttpWorkerClient
 
     # the worker reads its engine settings from the environment, as `kvgate worker` does
     os.environ.update(KVGATE_DEVICE="cpu", KVGATE_KV_CACHE_BYTES=str(64 << 20))
-    return open_cluster(settings, str(model_dir), local_unix=unix)
+    cluster = open_cluster(settings, str(model_dir), local_unix=unix)
+    if http:
+        cluster._client_factory = HttpWorkerClient  # before start: no member exists yet
+    return cluster
 
 
 async def _worker_hop(
@@ -413,8 +421,10 @@ async def _worker_hop(
     from engine import SamplingParams
     from gateway.context import STATE
 
-    setup = setups["workers"]  # its tenant salt and prompt: the same for all three
-    clusters = {"unix": setup.app[STATE].engine, "tcp": setups["workers_tcp"].app[STATE].engine}
+    setup = setups["workers"]  # its tenant salt and prompt: the same for all of them
+    names = {"unix": "workers", "tcp": "workers_tcp"}
+    names |= {"http_unix": "workers_http", "http_tcp": "workers_http_tcp"}
+    clusters = {hop: setups[name].app[STATE].engine for hop, name in names.items()}
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     for c in clusters.values():  # warm-up: pooled connections
         for _ in range(5):
@@ -437,7 +447,7 @@ async def _worker_hop(
                     "added_p90_ms": statistics.quantiles(diffs[name], n=10)[-1] * 1e3,
                 }
             )
-    out: dict[str, Any] = {"frame_codec_us": _frame_codec_us()}
+    out: dict[str, Any] = {"frame_codec_us": _frame_codec_us(), "json_frame_codec_us": _json_us()}
     for name, rs in reps.items():
         out[name] = _spread(rs)
     out["added_p50_ms"] = out["unix"]["added_p50_ms"]["median"]  # the kvgate serve default
@@ -457,7 +467,21 @@ def _spread(reps: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def _frame_codec_us(n: int = 20000) -> float:
-    """Encode + decode of one decode-step output frame (one token, timings absent), in µs."""
+    """Encode + decode of one decode-step output frame (one token, timings absent), in µs:
+    the worker protocol's codec (engine/worker/messages.py)."""
+    from engine.outputs import RequestMetrics, RequestOutput
+    from engine.worker import messages as m
+    from engine.worker.transport import output_frame
+
+    out = RequestOutput("r", 30, (1, 2, 3), (3,), 16, False, None, RequestMetrics(0.0))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        m.decode_reply(m.encode(output_frame(1, out, first=False)))
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def _json_us(n: int = 20000) -> float:
+    """The same frame through the HTTP protocol's JSON frames (before the message transport)."""
     from engine.outputs import RequestMetrics, RequestOutput
     from engine.worker import wire
 
@@ -506,7 +530,8 @@ def _table(results: dict[str, Any]) -> str:
         " added p90 ms |"
     ]
     rows.append("| --- | --- | --- | --- | --- | --- |")
-    for name in ("redis", "in_process", "workers", "workers_tcp", "workers_in_process"):
+    names = ("redis", "in_process", "workers", "workers_tcp", "workers_in_process")
+    for name in (*names, "workers_http", "workers_http_tcp"):
         r = results[name]
         for client, sfx in CLIENTS:
             added = r[f"added_p50_ms{sfx}"]
@@ -550,13 +575,15 @@ def main(argv: Sequence[str]) -> int:
     print(_table(results))
     print(f"Redis commands per request (MONITOR, client side): {per_request}")
     hop = results["worker_hop"]
-    for name in ("unix", "tcp"):
+    for name in ("unix", "tcp", "http_unix", "http_tcp"):
         a, a90 = hop[name]["added_p50_ms"], hop[name]["added_p90_ms"]["median"]
         print(
             f"Worker hop over {name} (ClusterEngine vs AsyncEngine): +{a['median']:.2f} ms p50"
             f" ({a['min']:.2f}-{a['max']:.2f}), +{a90:.2f} ms p90"
         )
-    print(f"frame codec {hop['frame_codec_us']:.1f} us")
+    print(
+        f"frame codec {hop['frame_codec_us']:.1f} us (JSON frames {hop['json_frame_codec_us']:.1f})"
+    )
     rtt = results["redis_limiter_alone"]
     print(
         f"Redis limiter alone: acquire p50 {rtt['acquire_p50_ms']:.3f} ms, "

@@ -22,13 +22,10 @@ from engine.kv.block import Block, BlockState
 from engine.kv.host_tier import HostEntry, HostTier
 from engine.kv.request import RequestState
 from engine.kv.transfers import EMPTY_PLAN, Direction, Transfer, TransferPlan
-from engine.kv.types import PinFailure, PinHandle
+from engine.kv.types import DEVICE, HOST, PinFailure, PinHandle
 
 if TYPE_CHECKING:
     from engine.kv.prefix_cache import PrefixCache
-
-HOST = "host"
-DEVICE = "device"
 
 
 @dataclass

@@ -28,14 +28,20 @@ import hmac
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+import msgspec
 from aiohttp import web
 
+from engine.api import GenerateOptions
 from engine.errors import EngineError
 from engine.worker import wire
 from engine.worker.events import KvEventHub
 from engine.worker.load import LoadTracker
+from engine.worker.messages import PROTOCOL, TokenizerPayload, WorkerInfo, WorkerLoad, to_json
+
+if TYPE_CHECKING:
+    from engine.async_engine import AsyncEngine
 
 EVENT_INTERVAL_S = 0.05
 MAX_BODY = 64 << 20  # request bodies (prompts of token ids) up to this many bytes
@@ -43,24 +49,26 @@ NDJSON = "application/x-ndjson"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-@dataclass(frozen=True)
-class WorkerInfo:
-    worker_id: str
-    boot_id: str  # new each start: a restarted worker has lost its pins
-    block_size: int
-    max_model_len: int
-    blocks_total: int
-    pin_budget_blocks: int
-
-
 @dataclass
 class WorkerState:
-    engine: Any  # engine.AsyncEngine
-    info: WorkerInfo
+    engine: AsyncEngine
+    info: WorkerInfo  # transport_port is set once the transport is bound (engine/worker/main.py)
     events: KvEventHub
     load: LoadTracker
     token: str = field(repr=False, default="")  # what callers present (KVGATE_WORKER_TOKEN)
     background: set[asyncio.Task[Any]] = field(default_factory=set)  # orphan unpins
+
+    def load_report(self) -> WorkerLoad:
+        snap = self.load.snapshot()
+        return WorkerLoad(
+            healthy=bool(self.engine.is_running),
+            boot_id=self.info.boot_id,
+            running=snap["running"],
+            waiting=snap["waiting"],
+            outstanding_tokens=snap["outstanding_tokens"],
+            served=snap["served"],
+            stats=self.engine.cache_stats(),
+        )
 
 
 WORKER = web.AppKey("worker", WorkerState)
@@ -81,7 +89,7 @@ def token_middleware(token: str) -> Any:
 
 
 def create_worker_app(
-    engine: Any, events: KvEventHub, token: str, worker_id: str
+    engine: AsyncEngine, events: KvEventHub, token: str, worker_id: str
 ) -> web.Application:
     """``engine``: an AsyncEngine (not started) built with ``events`` as its cache listener."""
     if not token:
@@ -95,6 +103,8 @@ def create_worker_app(
         max_model_len=int(engine.max_model_len),
         blocks_total=stats.blocks_total,
         pin_budget_blocks=int(stats.blocks_total * engine.config.pin_cap_fraction),
+        transport_port=0,
+        protocol=PROTOCOL,
     )
     app[WORKER] = WorkerState(engine, info, events, LoadTracker(), token)
     app.cleanup_ctx.append(_lifecycle)
@@ -141,34 +151,20 @@ async def _healthz(request: web.Request) -> web.Response:
     return _reply({"status": "ok" if ok else "down"}, 200 if ok else 503)
 
 
+def _json(body: bytes) -> web.Response:
+    return web.Response(body=body, content_type="application/json")
+
+
 async def _info(request: web.Request) -> web.Response:
-    info = request.app[WORKER].info
-    return _reply(info.__dict__)
+    return _json(to_json(request.app[WORKER].info))
 
 
 async def _tokenizer(request: web.Request) -> web.Response:
-    return _reply(tokenizer_payload(request.app[WORKER].engine.tokenizer))
-
-
-def tokenizer_payload(tok: Any) -> dict[str, Any]:
-    """What a gateway needs to rebuild the tokenizer (engine/model/tokenizer.py) without the
-    model files: the HF tokenizers JSON, chat template, special tokens and EOS ids."""
-    return {
-        "backend": tok.backend.to_str(),
-        "chat_template": tok.chat_template,
-        "special_tokens": tok.special_tokens,
-        "add_bos": tok.add_bos,
-        "eos_token_ids": list(tok.eos_token_ids),
-    }
+    return _json(to_json(TokenizerPayload.of(request.app[WORKER].engine.tokenizer)))
 
 
 async def _load(request: web.Request) -> web.Response:
-    state = request.app[WORKER]
-    body = state.load.snapshot()
-    body["healthy"] = bool(state.engine.is_running)
-    body["boot_id"] = state.info.boot_id
-    body["stats"] = wire.stats_to_wire(state.engine.cache_stats())
-    return _reply(body)
+    return _json(msgspec.json.encode(request.app[WORKER].load_report()))
 
 
 class GenerateSink(Protocol):
@@ -195,15 +191,8 @@ async def serve_generate(state: WorkerState, raw: bytes, sink: GenerateSink) -> 
         bad = ValueError(f"bad generate request: {type(exc).__name__}: {exc}")
         await sink.reply(400, wire.encode({"e": wire.error_to_wire(bad)}))
         return
-    stream = state.engine.generate(
-        ids,
-        params,
-        namespace=ns,
-        request_id=rid,
-        priorities=prio,
-        interim=interim,
-        cache_scope=scope,
-    )
+    options = GenerateOptions(ns, rid, prio, interim, scope)
+    stream = state.engine.generate(ids, params, options)
     state.load.add(rid, len(ids), params.max_tokens)
     try:
         try:
@@ -321,9 +310,9 @@ async def _events(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": NDJSON})
     try:
         await resp.prepare(request)
-        await resp.write(wire.frame([]))  # the head: subscribed from here on
+        await resp.write(b"[]\n")  # the head: subscribed from here on
         while (batch := await q.get()) is not None:
-            await resp.write(wire.frame(batch))
+            await resp.write(msgspec.json.encode(batch) + b"\n")
     finally:
         hub.unsubscribe(q)
     return resp

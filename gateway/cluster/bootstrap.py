@@ -9,14 +9,11 @@ the first worker that answers (``/v1/info``, ``/v1/tokenizer``), so gateways nee
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.error
 import urllib.request
-from typing import Any
 
-from engine.model.tokenizer import Tokenizer
-from gateway.cluster.client import WorkerInfo
+from engine.worker.messages import TokenizerPayload, WireError, WorkerInfo, from_json
 from gateway.cluster.discovery import parse_workers
 from gateway.cluster.engine import ClusterEngine
 from gateway.cluster.loadstats import LoadStats
@@ -60,7 +57,7 @@ def open_cluster(
     return ClusterEngine(
         endpoints,
         token,
-        tokenizer=tokenizer_from_payload(payload),
+        tokenizer=payload.build(),
         info=info,
         health_s=cs.health_s,
         spill_queue_s=cs.spill_queue_s,
@@ -73,35 +70,24 @@ def open_cluster(
 
 def fetch_bootstrap(
     endpoints: tuple[str, ...], token: str, timeout_s: float
-) -> tuple[WorkerInfo, dict[str, Any]]:
+) -> tuple[WorkerInfo, TokenizerPayload]:
     """Info and tokenizer from the first endpoint that answers, retrying until ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while True:
         for url in endpoints:
             try:
-                d = _get(url, "/v1/info", token)
-                info = WorkerInfo(**{k: d[k] for k in WorkerInfo.__dataclass_fields__})
-                return info, _get(url, "/v1/tokenizer", token)
-            except (OSError, urllib.error.URLError, ValueError, KeyError) as exc:
+                info = from_json(_get(url, "/v1/info", token), WorkerInfo)
+                return info, from_json(_get(url, "/v1/tokenizer", token), TokenizerPayload)
+            except (OSError, urllib.error.URLError, WireError) as exc:
                 last = exc
         if time.monotonic() > deadline:
             raise ClusterUnavailable(f"no worker answered in {timeout_s:.0f} s: {last}")
         time.sleep(0.5)
 
 
-def _get(url: str, path: str, token: str) -> Any:
+def _get(url: str, path: str, token: str) -> bytes:
     req = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(req, timeout=5.0) as resp:
-        return json.loads(resp.read())
-
-
-def tokenizer_from_payload(payload: dict[str, Any]) -> Tokenizer:
-    from tokenizers import Tokenizer as Backend
-
-    config: dict[str, Any] = {"add_bos_token": bool(payload["add_bos"])}
-    if payload.get("chat_template") is not None:
-        config["chat_template"] = payload["chat_template"]
-    config.update({k: v for k, v in payload["special_tokens"].items() if v is not None})
-    backend = Backend.from_str(payload["backend"])
-    return Tokenizer(backend, config, [int(t) for t in payload["eos_token_ids"]])
+        body: bytes = resp.read()
+        return body

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -31,8 +31,8 @@ from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
 from engine.request import request_id_or_new
-from engine.worker import wire
-from gateway.cluster.client import WorkerClient, WorkerInfo, WorkerUnavailable
+from engine.worker.messages import WireError, WorkerInfo
+from gateway.cluster.client import WorkerClient, WorkerUnavailable
 from gateway.cluster.discovery import resolve_workers
 from gateway.cluster.forget import SnapshotForgets
 from gateway.cluster.kvindex import KvIndex
@@ -42,6 +42,7 @@ from gateway.cluster.placer import Placer, TenantPin, placement_key
 from gateway.cluster.router import Route, choose
 
 log = structlog.get_logger(__name__)
+ClientFactory = Callable[[str, str, aiohttp.ClientSession, float, str | None], WorkerClient]
 # Least time a health check (and any non-streaming call) may take: a worker whose CPU is
 # saturated by prefill answers late, and a slow worker is not a dead one.
 HEALTH_TIMEOUT_S = 5.0
@@ -61,6 +62,7 @@ class ClusterEngine:
         load_stats: LoadStats | None = None,
         on_close: Any = None,
         unix_paths: dict[str, str] | None = None,  # url -> Unix socket (the local worker)
+        client_factory: ClientFactory = WorkerClient,
     ) -> None:
         self._info = EngineInfo(tokenizer, info.max_model_len, info.block_size)
         self.block_size = info.block_size
@@ -72,6 +74,7 @@ class ClusterEngine:
         self._stats = load_stats or LoadStats(None, "", 10.0)
         self._on_close = on_close  # e.g. stop the local worker process
         self._unix_paths = dict(unix_paths or {})
+        self._client_factory = client_factory
         self.members: dict[str, Member] = {}  # by url
         self.placer = Placer(replica_rate)
         self.index = KvIndex()
@@ -139,7 +142,7 @@ class ClusterEngine:
                 await task
         await self.placer.close()
         for m in self.members.values():
-            m.client.close()
+            await m.client.close()
         if self._session is not None:
             await self._session.close()
         await self._stats.close()
@@ -169,7 +172,7 @@ class ClusterEngine:
                 # a busy worker may answer late: only a refused or hung call counts as failed
                 timeout = self._health_timeout
                 unix = self._unix_paths.get(url)
-                client = WorkerClient(url, self._token, self._session, timeout, unix)
+                client = self._client_factory(url, self._token, self._session, timeout, unix)
                 self.members[url] = Member(url, client)
         results = await asyncio.gather(*(self._check(m) for m in self.members.values()))
         rates = await self._stats.refresh()
@@ -193,7 +196,7 @@ class ClusterEngine:
             if not exc.refused and time.monotonic() - m.last_output < self._health_timeout:
                 return False  # late, but it streamed outputs just now: busy, not gone
             return self._take_out(m) if m.failed(refused=exc.refused) else False
-        except (wire.WireError, KeyError, ValueError):
+        except (WireError, KeyError, ValueError):
             return self._take_out(m) if m.failed() else False
         m.failures, m.refused = 0, False
         m.observed(load)
@@ -257,7 +260,7 @@ class ClusterEngine:
                 # a sign of life while its requests stream nothing (interim=False)
                 m.last_output = time.monotonic()
                 self.index.apply(wid, batch)
-        except (WorkerUnavailable, wire.WireError):
+        except (WorkerUnavailable, WireError):
             pass  # the health loop notices and takes it out, or resubscribes on recovery
         finally:
             self.index.drop_worker(wid)

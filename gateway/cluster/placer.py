@@ -37,7 +37,7 @@ from engine.errors import EngineError
 from engine.kv import PinHandle
 from engine.params import SamplingParams
 from engine.request import request_id_or_new
-from engine.worker.wire import WireError
+from engine.worker.messages import WireError
 from gateway.cluster.members import Member
 from gateway.cluster.placement import (
     Placement,

@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import pytest
 
 from engine.api import GenerateOptions
@@ -108,8 +109,8 @@ async def test_kv_events_name_the_blocks_a_request_stored(
         seen: set[str] = set()
 
         async def collect() -> None:
-            async for batch in events:
-                seen.update(e[2] for e in batch if e[0] == "s")
+            async for batch in events:  # as the events travel: arrays
+                seen.update(e[2] for e in msgspec.to_builtins(batch) if e[0] == "s")
 
         task = asyncio.create_task(collect())
         await asyncio.sleep(0.2)  # subscribed

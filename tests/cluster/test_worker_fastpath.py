@@ -18,7 +18,7 @@ from engine.worker import wire
 from engine.worker.events import KvEventHub
 from engine.worker.fastpath import MAX_HEAD, GenerateConnections
 from engine.worker.server import WORKER, create_worker_app
-from gateway.cluster.client import WorkerClient
+from gateway.cluster.client_http import HttpWorkerClient as WorkerClient
 from tests.engine._tiny_model import kv_bytes, tiny_model_dir
 
 TOKEN = "fastpath-token"
@@ -172,7 +172,7 @@ async def test_a_caller_that_leaves_aborts_its_request(served: Served) -> None:
         async with asyncio.timeout(5):
             while served.engine.cache_stats().blocks_in_use:
                 await asyncio.sleep(0.02)
-        client.close()
+        await client.close()
     assert not served.factory.open
 
 
@@ -200,4 +200,4 @@ async def test_an_engine_refusal_reaches_the_client_as_that_error(served: Served
             )
         ]
         assert outs[-1].finished
-        client.close()
+        await client.close()
