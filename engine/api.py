@@ -12,7 +12,7 @@ fakes declare it too. The gateway holds an ``EngineClient`` and never asks which
 
 Per-request choices travel in ONE frozen ``GenerateOptions``: a field added here (a grammar, a
 tenant weight, a priority class) reaches every engine and the worker protocol without a new
-keyword on any signature (engine/worker/wire.py encodes the options object as it is).
+keyword on any signature (engine/worker/messages.py encodes the options object as it is).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ class KvEventHub:
         self._lock = threading.Lock()
         self._pending: list[KvEvent] = []
         self._subscribers: set[asyncio.Queue[list[KvEvent] | None]] = set()
-        self.stored = 0  # events seen, for tests and /v1/load
+        self.stored = 0  # events seen (tests)
         self.removed = 0
         self.tiered = 0
 

@@ -1,12 +1,12 @@
-"""Run one engine worker: load the model, serve the internal API until SIGTERM / SIGINT.
+"""Run one engine worker: load the model, serve the probes and the transport until SIGTERM.
 
 ``serve_worker`` prints one line once it listens (``kvgate worker: listening on URL``); a parent
-process that started it reads that line to learn the port. With ``unix_path`` it also serves on
-a Unix domain socket there (owner-only), bound before that line: the local worker that
-``kvgate serve`` starts takes its generate streams there, skipping the loopback TCP stack. With
-``exit_with_stdin`` the worker
-also stops when its standard input closes, so a worker started by ``kvgate serve`` never outlives
-the gateway that started it, however that one ended.
+process that started it reads that line to learn the port. With ``unix_path`` its message
+transport also listens on that Unix domain socket (``ipc://``, owner-only), bound before that
+line: the local worker that ``kvgate serve`` starts takes its calls there, skipping the loopback
+TCP stack. With ``exit_with_stdin`` the worker also stops when its standard input closes, so a
+worker started by ``kvgate serve`` never outlives the gateway that started it, however that one
+ended.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import msgspec
 from aiohttp import web
 
 from engine.worker.events import KvEventHub
-from engine.worker.fastpath import GenerateConnections
 from engine.worker.server import WORKER, create_worker_app
 from engine.worker.transport import WorkerTransport
 
@@ -54,28 +53,23 @@ async def serve_worker(
     unix_path: str | None = None,
     transport_port: int | None = None,
 ) -> None:
-    """HTTP (probes, and the legacy calls) on ``host:port``; the message transport on
-    ``host:transport_port`` (default ``port + 1``) and, with ``unix_path``, ``ipc://<path>.zmq``
-    (owner-only); the bound transport port is announced in /v1/info."""
+    """The probes over HTTP on ``host:port``; the message transport on ``host:transport_port``
+    (default ``port + 1``; the bound port is announced in /v1/info) and, with ``unix_path``, on
+    ``ipc://<unix_path>`` (created owner-only)."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    assert runner.server is not None
     state = app[WORKER]
-    # generate connections on the fast path, every other request handed to aiohttp
-    factory = GenerateConnections(state, runner.server)
     transport = WorkerTransport(state)
-    loop = asyncio.get_running_loop()
-    servers: list[asyncio.AbstractServer] = []
     try:
-        servers.append(await loop.create_server(factory, host, port, reuse_address=True))
-        bound_host, bound_port = servers[0].sockets[0].getsockname()[:2]
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        bound_host, bound_port = runner.addresses[0][:2]
         tport = transport_port if transport_port is not None else transport_port_for(port)
         endpoints = [f"tcp://{_zmq_host(host)}:{tport}"]
-        old = os.umask(0o177)  # sockets are created owner-only (no window of wider mode)
+        if unix_path is not None:
+            endpoints.append(f"ipc://{unix_path}")
+        old = os.umask(0o177)  # the ipc socket is created owner-only (no window of wider mode)
         try:
-            if unix_path is not None:
-                servers.append(await loop.create_unix_server(factory, unix_path))
-                endpoints.append(f"ipc://{unix_path}.zmq")
             bound = await transport.start(endpoints)
         finally:
             os.umask(old)
@@ -84,10 +78,7 @@ async def serve_worker(
         print(f"{READY_PREFIX}http://{bound_host}:{bound_port}", flush=True)
         await _wait_for_stop(exit_with_stdin)
     finally:
-        for server in servers:
-            server.close()
         await transport.close()
-        await factory.close()
         await runner.cleanup()
 
 

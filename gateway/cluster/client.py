@@ -91,7 +91,7 @@ class WorkerClient:
 
     def _endpoint(self, port: int) -> str:
         if self._unix_path is not None:
-            return f"ipc://{self._unix_path}.zmq"
+            return f"ipc://{self._unix_path}"
         host = urlsplit(self.url).hostname or "127.0.0.1"
         return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
