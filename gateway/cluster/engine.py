@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import aiohttp
@@ -42,7 +42,6 @@ from gateway.cluster.placer import Placer, TenantPin, placement_key
 from gateway.cluster.router import Route, choose
 
 log = structlog.get_logger(__name__)
-ClientFactory = Callable[[str, str, aiohttp.ClientSession, float, str | None], WorkerClient]
 # Least time a health check (and any non-streaming call) may take: a worker whose CPU is
 # saturated by prefill answers late, and a slow worker is not a dead one.
 HEALTH_TIMEOUT_S = 5.0
@@ -62,7 +61,6 @@ class ClusterEngine:
         load_stats: LoadStats | None = None,
         on_close: Any = None,
         unix_paths: dict[str, str] | None = None,  # url -> Unix socket (the local worker)
-        client_factory: ClientFactory = WorkerClient,
     ) -> None:
         self._info = EngineInfo(tokenizer, info.max_model_len, info.block_size)
         self.block_size = info.block_size
@@ -74,7 +72,6 @@ class ClusterEngine:
         self._stats = load_stats or LoadStats(None, "", 10.0)
         self._on_close = on_close  # e.g. stop the local worker process
         self._unix_paths = dict(unix_paths or {})
-        self._client_factory = client_factory
         self.members: dict[str, Member] = {}  # by url
         self.placer = Placer(replica_rate)
         self.index = KvIndex()
@@ -172,7 +169,7 @@ class ClusterEngine:
                 # a busy worker may answer late: only a refused or hung call counts as failed
                 timeout = self._health_timeout
                 unix = self._unix_paths.get(url)
-                client = self._client_factory(url, self._token, self._session, timeout, unix)
+                client = WorkerClient(url, self._token, self._session, timeout, unix)
                 self.members[url] = Member(url, client)
         results = await asyncio.gather(*(self._check(m) for m in self.members.values()))
         rates = await self._stats.refresh()
