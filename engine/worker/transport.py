@@ -22,6 +22,8 @@ Rules kept from the HTTP protocol before it:
   other gateways are not held up. A gateway that is gone (``EHOSTUNREACH``) ends its calls.
 - Peer death: ZMTP heartbeats (``HEARTBEAT_*``) close a connection whose peer stops answering;
   the gateway side sees the disconnect and ends that worker's streams (gateway/cluster/channel.py).
+  A gateway that dies is found at the next frame sent to it (``EHOSTUNREACH``): its requests are
+  aborted then (an ``interim=False`` request runs to its end first, as it sends nothing before).
 """
 
 from __future__ import annotations
