@@ -146,11 +146,17 @@ def _stops_us() -> dict[str, float]:
 
 def _choices_ms(n: int = 128) -> dict[str, float]:
     """One engine step of n choices: each choice reports twice (tokens, then their time)."""
+    from engine.api import GenerateOptions
     from engine.params import SamplingParams
     from gateway.chat.generation import ChoiceGroup
 
     group = ChoiceGroup(
-        None, None, [1, 2, 3], SamplingParams(), n=n, namespace="ns", request_id="r"
+        None,  # type: ignore[arg-type]  # never started: only the stats fold is timed
+        None,  # type: ignore[arg-type]
+        [1, 2, 3],
+        SamplingParams(),
+        GenerateOptions("ns", "r"),
+        n=n,
     )
     for c in group.choices:
         c.stats.completion_tokens, c.stats.first_token_at = 10, 1.0

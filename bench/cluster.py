@@ -177,14 +177,14 @@ async def run_policy(
 async def _drive(
     policy: str, model_dir: Path, w: Workload, scenario: str, workers: list, run: Run
 ) -> None:
-    from gateway.cluster.bootstrap import fetch_bootstrap, tokenizer_from_payload
+    from gateway.cluster.bootstrap import fetch_bootstrap
     from gateway.cluster.engine import ClusterEngine
     from gateway.cluster.loadstats import LoadStats
 
     salt = f"{policy}-{scenario}-{len(workers)}-{run.seed}"
     info, payload = await fetch_bootstrap(tuple(x.url for x in workers), TOKEN, 10.0)
     eng = ClusterEngine(
-        tuple(x.url for x in workers), TOKEN, tokenizer=tokenizer_from_payload(payload),
+        tuple(x.url for x in workers), TOKEN, tokenizer=payload.build(),
         info=info, health_s=0.5, load_stats=LoadStats(None, "", LOAD_WINDOW_S),
     )  # fmt: skip
     if policy != "kvgate":
@@ -192,7 +192,7 @@ async def _drive(
     await eng.start()
     try:
         for t in range(w.tenants):
-            await eng.pin_tenant(f"t{t}", namespace(t, salt), system_prompt(t, w.system_blocks))
+            await eng.pin(f"t{t}", namespace(t, salt), system_prompt(t, w.system_blocks))
         plan = plan_requests(w, run.seed)
         moves, t0 = eng.placer.moves, time.monotonic()
         load = asyncio.create_task(client_load(eng, w, plan, t0, run.samples, salt))

@@ -229,10 +229,12 @@ async def client_load(
 
 
 async def _send(eng: Any, ids: list[int], params: Any, ns: str, s: Sample) -> list[int]:
+    from engine.api import GenerateOptions
+
     started = time.monotonic()
     answer: list[int] = []
     try:
-        async for out in eng.generate(ids, params, namespace=ns):
+        async for out in eng.generate(ids, params, GenerateOptions(ns)):
             if s.ttft is None:
                 s.ttft = time.monotonic() - started
             s.cached = out.num_cached_tokens

@@ -7,8 +7,8 @@ Side by side in one run, interleaved request by request (so machine noise hits b
     gateway   POST /v1/chat/completions on loopback (auth, prompt assembly, rate limit, engine,
               JSON), once with the Redis limiter and once with the in-process limiter
     workers   the same gateway (Redis limiter) with its engine in a worker process, as
-              ``kvgate serve`` runs it (gateway/cluster/ -> engine/worker/, generate streams over
-              a Unix domain socket)
+              ``kvgate serve`` runs it (gateway/cluster/ -> engine/worker/: the message transport
+              over a Unix domain socket)
     workers_tcp  the same over loopback TCP (how a remote worker is reached)
     workers_in_process  workers over the Unix socket with the in-process limiter: what the
               zero-configuration ``kvgate serve`` (no KVGATE_REDIS_URL) runs
@@ -17,17 +17,15 @@ Side by side in one run, interleaved request by request (so machine noise hits b
 Unix socket and over TCP against the in-process engine, interleaved, and the cost of encoding +
 decoding one output frame.
 
-The client runs on the server's event loop (the direct call has to), so its CPU is charged to the
-gateway. The added latency is measured with a minimal HTTP/1.1 client (``bench/http_client.py``)
-and, in the same interleaved loop, with aiohttp's client, whose request building and response
-parsing add about 0.6 ms of their own (``*_aiohttp_client`` fields), and for a streamed answer
-read to its ``[DONE]`` (``*_stream`` fields, minimal client). ``*_written`` fields time the
-same requests until the gateway finished writing the response (``_WriteClock``): what a remote
-client waits for. The minimal client on the server's loop waits longer: the handler's clean-up
-after the response (the limiter release, a Redis call whose send wakes redis-server) runs
-before the loop polls the client's socket again. The direct call consumes every
-engine output as a streaming caller does; a non-streaming gateway answer asks the engine for its
-first and final outputs only (``interim=False``), a streamed one for every output.
+The client (aiohttp's) runs on the server's event loop (the direct call has to), so its CPU is
+charged to the gateway: its request building and response parsing add about 0.6 ms of their
+own. ``*_written`` fields time the same requests until the gateway finished writing the response
+(``_WriteClock``): what a remote client waits for, whatever its client library; ``*_stream``
+fields a streamed answer read to its ``[DONE]``. A client on the server's loop also waits for the
+handler's clean-up after the response (the limiter release, a Redis call whose send wakes
+redis-server), which runs before the loop polls the client's socket again. The direct call
+consumes every engine output as a streaming caller does; a non-streaming gateway answer asks the
+engine for its first and final outputs only (``interim=False``), a streamed one for every output.
 
 Same tenant, same prompt tokens, same pinned prefix, same greedy output length. The added
 latency is the median of per-pair differences (gateway - direct) in each repeat; reported as
@@ -56,16 +54,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from bench.http_client import RawHttpClient
-
 RESULTS = Path(__file__).resolve().parent / "results"
 # request kinds timed against the direct call: (label, suffix of their result fields)
 CLIENTS = (
-    ("minimal", ""),
-    ("minimal, until written", "_written"),
-    ("aiohttp", "_aiohttp_client"),
-    ("minimal, stream", "_stream"),
-    ("minimal, stream, until written", "_stream_written"),
+    ("aiohttp", ""),
+    ("aiohttp, until written", "_written"),
+    ("aiohttp, stream", "_stream"),
+    ("aiohttp, stream, until written", "_stream_written"),
 )
 SYSTEM = "You are the benchmark assistant of Example Corp. Answer in one short sentence. " * 3
 ADMIN_TOKEN = "bench-admin-token-0123456789"
@@ -93,10 +88,10 @@ class _Setup:
         self.prompt_ids: list[int] = []
 
 
-async def _start(settings: Any, engine: Any) -> _Setup:
+async def _start(settings: Any, engine: Any = None, cluster: Any = None) -> _Setup:
     from gateway.app import create_app
 
-    app = create_app(settings, engine=engine)
+    app = create_app(settings, engine=engine, cluster=cluster)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -170,39 +165,29 @@ async def _timed_written(request: Callable[[], Awaitable[None]]) -> tuple[float,
 
 
 async def _direct(engine: Any, setup: _Setup, params: Any) -> float:
+    from engine.api import GenerateOptions
+
     async def request() -> None:
-        stream = engine.generate(
-            setup.prompt_ids, params, namespace=setup.salt, cache_scope=setup.scope
-        )
+        options = GenerateOptions(setup.salt, cache_scope=setup.scope)
+        stream = engine.generate(setup.prompt_ids, params, options)
         async for _ in stream:
             pass
 
     return await _timed(request)
 
 
-async def _via_gateway(http: aiohttp.ClientSession, setup: _Setup, body: dict[str, Any]) -> float:
-    async def request() -> None:
-        hdrs = {"Authorization": f"Bearer {setup.key}"}
-        async with http.post(f"{setup.url}/v1/chat/completions", json=body, headers=hdrs) as r:
-            data = await r.json()
-        assert r.status == 200, data
-
-    return await _timed(request)
-
-
-async def _via_raw(
-    client: RawHttpClient, setup: _Setup, body: dict[str, Any]
+async def _via_gateway(
+    http: aiohttp.ClientSession, setup: _Setup, body: dict[str, Any]
 ) -> tuple[float, float]:
     """Seconds until the client had the answer, and until the gateway had written it."""
 
     async def request() -> None:
         hdrs = {"Authorization": f"Bearer {setup.key}"}
+        async with http.post(f"{setup.url}/v1/chat/completions", json=body, headers=hdrs) as r:
+            data = await r.read()
+        assert r.status == 200, data
         if body.get("stream"):
-            status, data = await client.post_stream("/v1/chat/completions", body, hdrs)
-            assert status == 200 and data.endswith(b"data: [DONE]\n\n"), data
-        else:
-            status, data = await client.post_json("/v1/chat/completions", body, hdrs)
-            assert status == 200, data
+            assert data.endswith(b"data: [DONE]\n\n"), data
 
     return await _timed_written(request)
 
@@ -216,19 +201,13 @@ async def _settle(tasks: int, limit_s: float = 0.5) -> None:
     await asyncio.sleep(0)
 
 
-def _host_port(url: str) -> tuple[str, int]:
-    host, port = url.removeprefix("http://").split(":")
-    return host, int(port)
-
-
-# timed lists per repeat: directs (d*), gateway via the minimal client (raw, sse: streamed; *_w:
-# until written), via aiohttp's client (aio); PAIRED: (direct, gateway, result field suffix)
-KINDS = ("d1", "raw", "raw_w", "d2", "aio", "d3", "sse", "sse_w")
+# timed lists per repeat: directs (d*), gateway answers (aio; sse: streamed; *_w: until
+# written); PAIRED: (direct, gateway, result field suffix)
+KINDS = ("d1", "aio", "aio_w", "d2", "sse", "sse_w")
 PAIRED = (
-    ("d1", "raw_w", "_written"),
-    ("d2", "aio", "_aiohttp_client"),
-    ("d3", "sse", "_stream"),
-    ("d3", "sse_w", "_stream_written"),
+    ("d1", "aio_w", "_written"),
+    ("d2", "sse", "_stream"),
+    ("d2", "sse_w", "_stream_written"),
 )
 
 
@@ -257,13 +236,11 @@ async def _measure(
     body |= {"max_tokens": args.max_tokens, "temperature": 0}
     stream_body = body | {"stream": True}
     per_repeat: dict[str, list[dict[str, float]]] = {name: [] for name in setups}
-    raw = {name: RawHttpClient(*_host_port(setup.url)) for name, setup in setups.items()}
     async with aiohttp.ClientSession() as http:
-        for name, setup in setups.items():  # warm-up: connections, script, caches
+        for setup in setups.values():  # warm-up: connections, script, caches
             for _ in range(5):
-                await _via_raw(raw[name], setup, body)
-                await _via_raw(raw[name], setup, stream_body)
                 await _via_gateway(http, setup, body)
+                await _via_gateway(http, setup, stream_body)
                 await _direct(engine, setup, params)
         for _ in range(args.repeats):
             for name, setup in setups.items():
@@ -271,17 +248,13 @@ async def _measure(
                 t: dict[str, list[float]] = {k: [] for k in KINDS}
                 for _ in range(args.requests):
                     t["d1"].append(await _direct(engine, setup, params))
-                    _add(t, "raw", await _via_raw(raw[name], setup, body))
+                    _add(t, "aio", await _via_gateway(http, setup, body))
                     t["d2"].append(await _direct(engine, setup, params))
-                    t["aio"].append(await _via_gateway(http, setup, body))
-                    t["d3"].append(await _direct(engine, setup, params))
-                    _add(t, "sse", await _via_raw(raw[name], setup, stream_body))
-                pairs = _summary(t["d1"], t["raw"])
+                    _add(t, "sse", await _via_gateway(http, setup, stream_body))
+                pairs = _summary(t["d1"], t["aio"])
                 for direct, kind, suffix in PAIRED:
                     pairs |= _summary(t[direct], t[kind], suffix)
                 per_repeat[name].append(pairs)
-    for client in raw.values():
-        await client.close()
     out: dict[str, Any] = {}
     for name, reps in per_repeat.items():
         out[name] = _spread(reps)
@@ -371,10 +344,10 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             # One engine for all: the app that starts it first owns it; the others reuse it.
             settings = Settings.from_env(env)
             if name.startswith("workers"):
-                own = await _worker_engine(model_dir, settings, unix=name != "workers_tcp")
+                cluster = await _worker_engine(model_dir, settings, unix=name != "workers_tcp")
+                setups[name] = await _start(settings, cluster=cluster)
             else:
-                own = engine
-            setups[name] = await _start(settings, own)
+                setups[name] = await _start(settings, engine)
             async with aiohttp.ClientSession() as http:
                 await _make_tenant(setups[name], http, f"bench-{name.replace('_', '-')}")
         model = model_dir.resolve().name
@@ -412,8 +385,9 @@ async def _worker_hop(
     from engine import SamplingParams
     from gateway.context import STATE
 
-    setup = setups["workers"]  # its tenant salt and prompt: the same for all three
-    clusters = {"unix": setup.app[STATE].engine, "tcp": setups["workers_tcp"].app[STATE].engine}
+    setup = setups["workers"]  # its tenant salt and prompt: the same for all of them
+    names = {"unix": "workers", "tcp": "workers_tcp"}
+    clusters = {hop: setups[name].app[STATE].engine for hop, name in names.items()}
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     for c in clusters.values():  # warm-up: pooled connections
         for _ in range(5):
@@ -456,14 +430,16 @@ def _spread(reps: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def _frame_codec_us(n: int = 20000) -> float:
-    """Encode + decode of one decode-step output frame (one token, timings absent), in µs."""
+    """Encode + decode of one decode-step output frame (one token, timings absent), in µs:
+    the worker protocol's codec (engine/worker/messages.py)."""
     from engine.outputs import RequestMetrics, RequestOutput
-    from engine.worker import wire
+    from engine.worker import messages as m
+    from engine.worker.transport import output_frame
 
     out = RequestOutput("r", 30, (1, 2, 3), (3,), 16, False, None, RequestMetrics(0.0))
     t0 = time.perf_counter()
     for _ in range(n):
-        wire.decode(wire.frame(wire.output_to_wire(out, first=False)))
+        m.decode_reply(m.encode(output_frame(1, out, first=False)))
     return (time.perf_counter() - t0) / n * 1e6
 
 
@@ -527,8 +503,8 @@ def main(argv: Sequence[str]) -> int:
         "requests_per_repeat": args.requests,
         "repeats": args.repeats,
         "max_tokens": args.max_tokens,
-        "client": "on loopback, same event loop as the server, keep-alive: bench/http_client.py"
-        " (added_*; streamed: added_*_stream), aiohttp's client (added_*_aiohttp_client)",
+        "client": "aiohttp's, on loopback, same event loop as the server, keep-alive (added_*;"
+        " until the gateway wrote the answer: added_*_written; streamed: added_*_stream)",
         "between requests": "event loop settled (post-response work timed by neither side)",
         "logging": "level warning (no per-request log line)",
         "threads": os.environ.get("OMP_NUM_THREADS", "default"),

@@ -26,11 +26,20 @@ import dataclasses
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
+from engine.api import (
+    NO_PIN,
+    EngineInfo,
+    GenerateFields,
+    GenerateOptions,
+    LocalPin,
+    PinStatus,
+    PinTicket,
+)
 from engine.engine import EngineCore, PinJob
 from engine.errors import (
     DuplicateRequestId,
@@ -39,7 +48,7 @@ from engine.errors import (
     EngineOverloaded,
     RequestAborted,
 )
-from engine.kv import CacheListener, CacheScope, CacheStats, PinHandle, PriorityRange
+from engine.kv import CacheListener, CacheStats, PinHandle
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.params import SamplingParams
 from engine.request import request_id_or_new
@@ -50,12 +59,9 @@ class _Add:
     request_id: str
     token_ids: tuple[int, ...]
     params: SamplingParams
-    namespace: str
-    priorities: tuple[PriorityRange, ...]
+    options: GenerateOptions
     arrival_time: float
     sink: asyncio.Queue[RequestOutput | BaseException]  # put into on the event loop only
-    interim: bool
-    cache_scope: CacheScope | None
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,8 @@ class _FirstAndFinal:
 
 
 class AsyncEngine:
+    """The engine in this process: an ``EngineClient`` (engine/api.py)."""
+
     def __init__(self, core: EngineCore) -> None:
         self._core = core
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -128,6 +136,10 @@ class AsyncEngine:
         return cls(EngineCore.from_pretrained(model_dir, listener=listener, **overrides))
 
     # ------------------------------------------------------------------ properties
+
+    @property
+    def info(self) -> EngineInfo:
+        return EngineInfo(self.tokenizer, self.max_model_len, int(self._core.config.block_size))
 
     @property
     def tokenizer(self) -> Any:
@@ -192,43 +204,27 @@ class AsyncEngine:
         self,
         token_ids: Sequence[int],
         params: SamplingParams,
-        *,
-        namespace: str = "default",
-        request_id: str | None = None,
-        priorities: Sequence[PriorityRange] = (),
-        interim: bool = True,
-        cache_scope: CacheScope | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream outputs (token deltas in ``new_token_ids``) until the final one; with
-        ``interim=False`` only the first and the final output (whose delta is every token since).
-        ``cache_scope``: prefix-cache keys past its shared tokens are private to it (one end
-        user); None keys the whole prompt in ``namespace`` alone.
+        options: GenerateOptions | None = None,
+        **fields: Unpack[GenerateFields],
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """``EngineClient.generate`` (engine/api.py). ``fields``: options as keywords
+        (``namespace=...``, ``request_id=...``), applied over ``options``.
 
         Raises PromptTooLong, EngineOverloaded, DuplicateRequestId, ValueError (token id outside
         the vocabulary, bad priority range) before anything is queued.
         Leaving the loop early (break, cancellation) aborts the request and frees its blocks.
         """
+        opts = GenerateOptions.of(options, **fields)
         await self._ensure_running()
-        rid = request_id_or_new(request_id)
+        rid = request_id_or_new(opts.request_id)
         if rid in self._streams:
             raise DuplicateRequestId(f"request id {rid!r} is already in flight")
-        self._core.check_request(token_ids, params, priorities)
+        self._core.check_request(token_ids, params, opts.priorities)
         self._reserve_waiting_slot()
         q: _Sink = asyncio.Queue()
         self._streams[rid] = q
         arrival = time.monotonic()
-        cmd = _Add(
-            rid,
-            tuple(token_ids),
-            params,
-            namespace,
-            tuple(priorities),
-            arrival,
-            q,
-            interim,
-            cache_scope,
-        )
-        self._inbox.put(cmd)
+        self._inbox.put(_Add(rid, tuple(token_ids), params, opts, arrival, q))
         done = False
         try:
             while True:
@@ -253,14 +249,28 @@ class AsyncEngine:
         if self.is_running:
             self._inbox.put(_Abort(request_id))
 
+    async def pin(self, owner: str, namespace: str, token_ids: Sequence[int]) -> LocalPin:
+        """``EngineClient.pin``: the prefix cache's handle, as a ticket of ``owner``."""
+        return LocalPin(owner, await self.pin_prefix(namespace, token_ids))
+
     async def pin_prefix(self, namespace: str, token_ids: Sequence[int]) -> PinHandle:
         """Compute the prefix once (or find it cached) and pin its blocks; PinRejected if not."""
         fut: concurrent.futures.Future[PinHandle] = concurrent.futures.Future()
-        return await self._call(_Pin(namespace, tuple(token_ids), fut))
+        handle: PinHandle = await self._call(_Pin(namespace, tuple(token_ids), fut))
+        return handle
 
-    async def unpin(self, handle: PinHandle) -> None:
+    async def unpin(self, ticket: PinTicket | PinHandle) -> None:
+        """Release a pin: a ticket of ``pin`` or a handle of ``pin_prefix``."""
+        handle = _handle_of(ticket)
         fut: concurrent.futures.Future[None] = concurrent.futures.Future()
         await self._call(_Unpin(handle, fut))
+
+    def pin_status(self, ticket: PinTicket | None) -> PinStatus:
+        if ticket is None:
+            return NO_PIN
+        if not isinstance(ticket, LocalPin):
+            raise TypeError(f"not a ticket of this engine: {type(ticket).__name__}")
+        return ticket.status()
 
     async def forget_namespace(self, namespace: str) -> bool:
         """Remove the namespace's disk snapshot (its tenant is gone); whether there was one."""
@@ -337,19 +347,20 @@ class AsyncEngine:
             with self._lock:
                 self._adds_in_flight -= 1
             try:
+                opts = cmd.options
                 core.add_request(
                     cmd.token_ids,
                     cmd.params,
-                    namespace=cmd.namespace,
+                    namespace=opts.namespace,
                     request_id=cmd.request_id,
-                    priorities=cmd.priorities,
+                    priorities=opts.priorities,
                     arrival_time=cmd.arrival_time,
-                    cache_scope=cmd.cache_scope,
+                    cache_scope=opts.cache_scope,
                 )
             except Exception as exc:  # validated on the loop already; report, do not die
                 return [(cmd.sink, exc)]
             self._sinks[cmd.request_id] = cmd.sink
-            if not cmd.interim:
+            if not cmd.options.interim:
                 self._folds[cmd.request_id] = _FirstAndFinal()
         elif isinstance(cmd, _Abort):
             out = core.abort(cmd.request_id)
@@ -386,6 +397,7 @@ class AsyncEngine:
             if job.error is not None:
                 fut.set_exception(job.error)
             else:
+                assert job.handle is not None, "a pin job ends with a handle or an error"
                 fut.set_result(job.handle)
 
         return done
@@ -425,6 +437,14 @@ class AsyncEngine:
         for fut in self._waiters:  # the thread is past touching futures when this runs
             with contextlib.suppress(concurrent.futures.InvalidStateError):
                 fut.set_exception(err)
+
+
+def _handle_of(ticket: PinTicket | PinHandle) -> PinHandle:
+    if isinstance(ticket, PinHandle):
+        return ticket
+    if isinstance(ticket, LocalPin):
+        return ticket.handle
+    raise TypeError(f"not a ticket of this engine: {type(ticket).__name__}")
 
 
 def _set_done(fut: asyncio.Future[None] | None) -> None:

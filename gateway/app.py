@@ -23,6 +23,7 @@ from aiohttp import web
 from opentelemetry.sdk.trace.export import SpanExporter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from engine.api import EngineClient
 from engine.errors import (
     DuplicateRequestId,
     EngineClosed,
@@ -35,6 +36,7 @@ from gateway.admin import ADMIN_PREFIX, PromptLimit, create_admin_app
 from gateway.auth import KeyCache
 from gateway.chat import views
 from gateway.cluster.admin import add_cluster_view
+from gateway.cluster.engine import ClusterEngine
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState, Telemetry
 from gateway.dbready import DB_PROBE, DatabaseProbe
 from gateway.engine_source import EngineSource, RunningEngine, choose_source
@@ -74,18 +76,22 @@ def register_gateway_errors() -> None:
 def create_app(
     settings: Settings,
     *,
-    engine: Any = None,
+    engine: EngineClient | None = None,
+    cluster: ClusterEngine | None = None,
     model_dir: str | None = None,
     span_exporter: SpanExporter | None = None,
     local_worker: bool = False,
 ) -> web.Application:
-    """The gateway. ``engine``: an AsyncEngine (not started) to use instead of loading
-    ``model_dir`` / ``KVGATE_MODEL``; ``span_exporter``: an extra exporter (tests).
+    """The gateway. ``engine``: an engine in this process (not started) to use instead of
+    loading ``model_dir`` / ``KVGATE_MODEL``; ``cluster``: an engine in worker processes (not
+    started) to use instead; ``span_exporter``: an extra exporter (tests).
     With ``KVGATE_WORKERS`` set, or ``local_worker`` (``kvgate serve``: one worker process,
     started when the app starts), the engine runs in worker processes (gateway/cluster/).
     Configuration errors (no model, workers without a token) raise here; nothing is opened."""
     register_gateway_errors()
-    source = choose_source(settings, engine=engine, model_dir=model_dir, local_worker=local_worker)
+    source = choose_source(
+        settings, engine=engine, cluster=cluster, model_dir=model_dir, local_worker=local_worker
+    )
     opened = RunningEngine()
     model_name = settings.model.name or _model_name(model_dir or settings.model.path)
     app = web.Application(
@@ -133,8 +139,8 @@ def create_app(
 def _prompt_limit(opened: RunningEngine) -> PromptLimit:
     """A system prompt's tokens as the tenant prefix renders them, at most half the context."""
     return PromptLimit(
-        count=lambda text: len(build_prefix(opened.engine.tokenizer, text).ids),
-        max_tokens=lambda: max(1, opened.engine.max_model_len // 2),
+        count=lambda text: len(build_prefix(opened.engine.info.tokenizer, text).ids),
+        max_tokens=lambda: max(1, opened.engine.info.max_model_len // 2),
     )
 
 
@@ -182,11 +188,11 @@ def _lifecycle(
                 stack.push_async_callback(bridge.aclose)
             limiter = make_limiter(settings)
             stack.push_async_callback(limiter.close)
-            if isinstance(limiter, FailoverLimiter):
-                await limiter.warm()
-            engine = await source.open()
+            await limiter.warm()
+            opening = await source.open()
+            engine = opening.engine
             stack.push_async_callback(engine.shutdown)  # also when start fails: stops a worker
-            opened.set(engine)
+            opened.set(opening)
             await engine.start()
             recorder = LastUsedRecorder()
             recorder.start(store.sessions, settings.tenants.last_used_flush_s)
@@ -197,11 +203,12 @@ def _lifecycle(
                 on_use=recorder.record,
                 stale_max_s=settings.database.stale_max_s,
             )
-            pins = PinManager(engine, engine.tokenizer, store)
+            tokenizer = engine.info.tokenizer
+            pins = PinManager(engine, tokenizer, store)
             stack.push_async_callback(pins.close)
-            state = GatewayState(store, limiter, engine, engine.tokenizer, model_name, keys, pins)
+            state = GatewayState(store, limiter, engine, tokenizer, model_name, keys, pins)
             stack.callback(state.prompts.close)
-            await state.prompts.warm(engine.tokenizer.prepare_chat_encoding)
+            await state.prompts.warm(tokenizer.prepare_chat_encoding)
             app[STATE] = state
             store.bus.subscribe(keys.on_event)
             store.bus.subscribe(pins.on_event)
@@ -242,10 +249,11 @@ async def _readyz(request: web.Request) -> web.Response:
     database = await request.app[DB_PROBE].readiness(state.store, state.keys)
     checks["database"] = database.passing  # passes while degraded (last-known-good)
     redis = "none"  # no Redis configured: the in-process limiter
-    if isinstance(state.limiter, FailoverLimiter):
+    shared = state.limiter.shared_state()
+    if shared is not None:
         up = await state.limiter.ping()
         # Fail open: the in-process limiter serves while Redis is away (degraded, still ready).
-        redis = "up" if up else "degraded" if state.limiter.fail_open else "down"
+        redis = "up" if up else "degraded" if shared.fail_open else "down"
         checks["redis"] = redis != "down"
     checks["engine"] = bool(state.engine.is_running)
     checks["pins"] = state.pins.ready.is_set()

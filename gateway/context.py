@@ -7,12 +7,13 @@ gateway/app.py; ``GatewayState`` holds the ones that exist only while the app ru
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
+from engine.api import EngineClient
+from engine.model.tokenizer import Tokenizer
 from gateway.auth import KeyCache
 from gateway.drain import Drain
 from gateway.pins import PinManager
@@ -27,8 +28,8 @@ from tenants.store import TenantStore
 class GatewayState:
     store: TenantStore
     limiter: Limiter
-    engine: Any  # engine.AsyncEngine (or a compatible object in benchmarks)
-    tokenizer: Any
+    engine: EngineClient  # in this process (AsyncEngine) or in workers (ClusterEngine)
+    tokenizer: Tokenizer
     model_name: str
     keys: KeyCache
     pins: PinManager

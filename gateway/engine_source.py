@@ -15,24 +15,38 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from engine.api import EngineClient
 from engine.errors import EngineClosed
 from gateway.settings import ModelSettings, Settings
 
+if TYPE_CHECKING:
+    from gateway.cluster.bootstrap import ClusterSource
+    from gateway.cluster.engine import ClusterEngine
+
+
+class Opened(NamedTuple):
+    """An opened engine, not started; ``cluster``: the same engine when it runs in worker
+    processes (what the cluster's admin view and metrics read), else None."""
+
+    engine: EngineClient
+    cluster: ClusterEngine | None = None
+
 
 class EngineSource(Protocol):
-    async def open(self) -> Any:
+    async def open(self) -> Opened:
         """The engine, not started yet; raises when it cannot be had (nothing left behind)."""
         ...
 
 
 @dataclass(frozen=True)
 class GivenEngine:
-    engine: Any
+    engine: EngineClient
+    cluster: ClusterEngine | None = None
 
-    async def open(self) -> Any:
-        return self.engine
+    async def open(self) -> Opened:
+        return Opened(self.engine, self.cluster)
 
 
 @dataclass(frozen=True)
@@ -40,28 +54,46 @@ class InProcessEngine:
     model: ModelSettings
     model_dir: str
 
-    async def open(self) -> Any:
+    async def open(self) -> Opened:
         # Loading reads the checkpoint and may warm up kernels: seconds to minutes off the loop.
-        return await asyncio.to_thread(load_engine, self.model, self.model_dir)
+        return Opened(await asyncio.to_thread(load_engine, self.model, self.model_dir))
 
 
-def load_engine(model: ModelSettings, model_dir: str) -> Any:
+@dataclass(frozen=True)
+class InWorkers:
+    """The cluster client over worker processes (gateway/cluster/bootstrap.py)."""
+
+    source: ClusterSource
+
+    async def open(self) -> Opened:
+        cluster = await self.source.open_cluster()
+        return Opened(cluster, cluster)
+
+
+def load_engine(model: ModelSettings, model_dir: str) -> EngineClient:
     from engine.async_engine import AsyncEngine  # imports torch: only when a model is loaded
 
     return AsyncEngine.from_pretrained(model_dir, **model.engine_overrides())
 
 
 def choose_source(
-    settings: Settings, *, engine: Any, model_dir: str | None, local_worker: bool
+    settings: Settings,
+    *,
+    engine: EngineClient | None,
+    cluster: ClusterEngine | None,
+    model_dir: str | None,
+    local_worker: bool,
 ) -> EngineSource:
     """The source ``create_app`` was asked for; configuration errors raise here, at build."""
+    if cluster is not None:
+        return GivenEngine(cluster, cluster)
     if engine is not None:
         return GivenEngine(engine)
     path = model_dir or settings.model.path
     if settings.cluster.workers or local_worker:
         from gateway.cluster.bootstrap import ClusterSource
 
-        return ClusterSource.from_settings(settings, path)
+        return InWorkers(ClusterSource.from_settings(settings, path))
     if path is None:
         raise ValueError("no model: set KVGATE_MODEL or pass engine/model_dir")
     return InProcessEngine(settings.model, path)
@@ -72,18 +104,20 @@ class RunningEngine:
     before), kept after it closed (a closed engine answers EngineClosed itself)."""
 
     def __init__(self) -> None:
-        self._engine: Any = None
+        self._opened: Opened | None = None
 
-    def set(self, engine: Any) -> None:
-        assert self._engine is None, "the engine was opened twice"
-        self._engine = engine
-
-    def get(self) -> Any:
-        """The engine, or None before it opened (for readers that may run earlier: metrics)."""
-        return self._engine
+    def set(self, opened: Opened) -> None:
+        assert self._opened is None, "the engine was opened twice"
+        self._opened = opened
 
     @property
-    def engine(self) -> Any:
-        if self._engine is None:
+    def engine(self) -> EngineClient:
+        if self._opened is None:
             raise EngineClosed("the engine is not open yet")
-        return self._engine
+        return self._opened.engine
+
+    @property
+    def cluster(self) -> ClusterEngine | None:
+        """The engine when it runs in worker processes; None in this process or before it
+        opened (readers that may run earlier: metrics)."""
+        return None if self._opened is None else self._opened.cluster

@@ -1,8 +1,9 @@
 """Pinned tenant prefixes: each active tenant's system prompt stays in the KV cache.
 
-With worker processes (gateway/cluster/), a pin is a ``TenantPin``: the cluster keeps it on the
-tenant's placement set of workers and moves it when the placement changes; this manager only
-decides which prompt version is pinned, as below.
+A pin is the engine's ``PinTicket`` (engine/api.py), taken for the tenant: with worker
+processes (gateway/cluster/) the cluster keeps it on the tenant's placement set of workers and
+moves it when the placement changes; this manager only decides which prompt version is pinned,
+as below.
 
 Per tenant there is one *current* entry (the version traffic uses) and possibly retiring ones::
 
@@ -27,8 +28,8 @@ from typing import Any
 import structlog
 from sqlalchemy import func, select
 
+from engine.api import EngineClient, PinTicket
 from engine.errors import EngineError, PinRejected
-from gateway.cluster.engine import ClusterEngine
 from gateway.tenant_prefix import ChatTokenizer, TenantPrefix, build_prefix
 from tenants.events import TenantChanged
 from tenants.models import ApiKey
@@ -52,7 +53,7 @@ class PromptEntry:
     namespace: str = field(repr=False)  # the tenant's cache salt: never logged or returned
     prefix: TenantPrefix = field(repr=False)
     state: str = UNPINNED
-    handle: Any = None  # engine PinHandle while pinned
+    handle: PinTicket | None = None  # while pinned
     reason: str | None = None
     inflight: int = 0
     retiring: bool = False
@@ -66,9 +67,8 @@ class TenantCounters:
 
 
 class PinManager:
-    def __init__(self, engine: Any, tokenizer: ChatTokenizer, store: TenantStore) -> None:
+    def __init__(self, engine: EngineClient, tokenizer: ChatTokenizer, store: TenantStore) -> None:
         self._engine = engine
-        self._cluster = engine if isinstance(engine, ClusterEngine) else None
         self._tokenizer = tokenizer
         self._store = store
         self._current: dict[str, PromptEntry] = {}
@@ -146,13 +146,8 @@ class PinManager:
             return
         entry.state = PINNING
         try:
-            if self._cluster is not None:  # pinned on the tenant's placement set of workers
-                ids = list(entry.prefix.ids)
-                entry.handle = await self._cluster.pin_tenant(entry.tenant_id, entry.namespace, ids)
-            else:
-                entry.handle = await self._engine.pin_prefix(
-                    entry.namespace, list(entry.prefix.ids)
-                )
+            ids = list(entry.prefix.ids)
+            entry.handle = await self._engine.pin(entry.tenant_id, entry.namespace, ids)
             entry.state = PINNED
         except PinRejected as exc:
             entry.state, entry.reason = REJECTED, exc.reason or str(exc)
@@ -221,38 +216,29 @@ class PinManager:
         cur = self._current.get(tenant_id)
         counters = self._counters.get(tenant_id, TenantCounters())
         handle = cur.handle if cur is not None else None
+        pin = self._engine.pin_status(handle)
+        holders = pin.holders
         return {
             "tenant_id": tenant_id,
             "prompt_version": cur.version if cur else None,
             "pin_state": cur.state if cur else UNPINNED,
             "pin_reason": cur.reason if cur else None,
             "prefix_tokens": len(cur.prefix.ids) if cur else 0,
-            "pinned_blocks": len(handle.block_ids) if handle is not None else 0,
-            "pinned_tokens": handle.num_tokens if handle is not None else 0,
+            "pinned_blocks": pin.blocks,
+            "pinned_tokens": pin.tokens,
             # where the pinned prompt lives: "device", or "host" (beyond the device pin cap);
             # in a cluster "mixed" when the workers differ (per worker: pin_tiers)
-            "pin_tier": getattr(handle, "tier", None) if handle is not None else None,
+            "pin_tier": pin.tier,
             "inflight_requests": cur.inflight if cur else 0,
             "retiring_versions": [e.version for e in self._retiring if e.tenant_id == tenant_id],
             "requests": counters.requests,
             "query_tokens": counters.query_tokens,
             "hit_tokens": counters.hit_tokens,
             "hit_rate": counters.hit_tokens / counters.query_tokens if counters.query_tokens else 0,
-            "pinned_on": self._pinned_on(handle),
-            "pin_tiers": self._pin_tiers(handle),
+            # workers holding the pin, and each one's tier (None for an in-process engine)
+            "pinned_on": sorted(holders) if holders is not None else None,
+            "pin_tiers": holders,
         }
-
-    def _pin_tiers(self, handle: Any) -> dict[str, str] | None:
-        """Per worker holding the pin, its tier (None for an in-process engine)."""
-        if self._cluster is None:
-            return None
-        return handle.tiers(self._cluster.healthy()) if handle is not None else {}
-
-    def _pinned_on(self, handle: Any) -> list[str] | None:
-        """Workers holding the pin (None for an in-process engine)."""
-        if self._cluster is None:
-            return None
-        return handle.workers(self._cluster.healthy()) if handle is not None else []
 
     def check_integrity(self) -> None:
         for tenant_id, entry in self._current.items():

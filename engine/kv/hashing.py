@@ -38,15 +38,16 @@ _SCOPE_PERSON = b"kvgate-scope"
 class CacheScope:
     """A private key space past the first ``shared_tokens`` tokens of a namespace.
 
-    ``salt`` names the scope (bytes; a str is taken as its UTF-8 bytes). Callers pass a digest,
-    never an end user's raw id: the salt reaches workers and tools.
+    ``salt`` names the scope (bytes; a str is taken as its UTF-8 bytes, at construction: the field
+    holds bytes, the type the worker protocol's codec decodes). Callers pass a digest, never an
+    end user's raw id: the salt reaches workers and tools.
     """
 
-    salt: bytes | str
+    salt: bytes
     shared_tokens: int
 
     def __post_init__(self) -> None:
-        if isinstance(self.salt, str):
+        if isinstance(self.salt, str):  # type: ignore[unreachable]  # accepted, typed bytes
             object.__setattr__(self, "salt", self.salt.encode())
         if not isinstance(self.salt, bytes) or not self.salt:
             raise ValueError("cache scope salt must be non-empty bytes or str")

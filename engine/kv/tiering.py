@@ -27,10 +27,7 @@ from engine.kv.block import Block, BlockState
 from engine.kv.host_tier import HostEntry, HostTier
 from engine.kv.request import RequestState
 from engine.kv.transfers import EMPTY_PLAN, Direction, Transfer, TransferPlan
-from engine.kv.types import CacheListener, PinFailure, PinHandle
-
-HOST = "host"
-DEVICE = "device"
+from engine.kv.types import DEVICE, HOST, CacheListener, PinFailure, PinHandle
 
 
 class Tiering:

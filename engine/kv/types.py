@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from engine.kv.block import BlockState
 
@@ -68,13 +68,21 @@ class PriorityRange(NamedTuple):
             raise ValueError(f"bad token range [{self.start}, {self.end})")
 
 
+# Where a worker keeps KV blocks: the device pool, or host memory (engine/kv/host_tier.py). The
+# one declaration of the tier names: the cache, pin handles, KV events, the router's index.
+Tier = Literal["device", "host"]
+DEVICE: Tier = "device"
+HOST: Tier = "host"
+TIERS: tuple[Tier, ...] = (DEVICE, HOST)
+
+
 @dataclass(frozen=True)
 class PinHandle:
     pin_id: int
     namespace: str
     block_ids: tuple[int, ...]  # device blocks ("device" pins); empty for a host pin
     num_tokens: int
-    tier: str = "device"  # "device", or "host": beyond the device pin cap, pinned in host memory
+    tier: Tier = DEVICE  # or HOST: beyond the device pin cap, pinned in host memory
 
 
 @dataclass(frozen=True)

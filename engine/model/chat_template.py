@@ -8,6 +8,7 @@ Same sandbox and options (``trim_blocks``, ``lstrip_blocks``, loop controls), th
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, ClassVar
@@ -70,7 +71,7 @@ def compile_template(source: str) -> jinja2.Template:
 
 def render_chat(
     source: str,
-    messages: list[dict[str, Any]],
+    messages: Sequence[Mapping[str, Any]],
     *,
     add_generation_prompt: bool,
     special_tokens: dict[str, str | None],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,7 @@ class Tokenizer:
 
     def apply_chat_template(
         self,
-        messages: list[dict[str, Any]],
+        messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         *,
         marked: bool = False,
@@ -126,7 +127,7 @@ class Tokenizer:
         self,
         template: str,
         specials: dict[str, str | None],
-        messages: list[dict[str, Any]],
+        messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool,
         extra: dict[str, Any],
     ) -> str:

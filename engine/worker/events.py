@@ -9,13 +9,13 @@ handed to the event loop in batches (``drain``), so the engine thread never touc
 
 Namespaces are sent as their root key digest, never as the salt itself. A removed event names
 only the block key (the cache knows no more); subscribers keep key -> namespace themselves.
-Events, as JSON arrays::
+Events (engine/worker/messages.py)::
 
-    ["s", namespace, key, parent | null]    stored on the device
-    ["r", key]                              removed from the device
-    ["t", key, "host" | "device" | null]    tier: copied out to host memory (the device block
+    Stored(namespace, key, parent | None)   stored on the device
+    Removed(key)                            removed from the device
+    Tiered(key, "host" | "device" | None)   tier: copied out to host memory (the device block
                                             may stay until evicted), restored to the device,
-                                            or dropped from host memory (null)
+                                            or dropped from host memory (None)
 
 A block offloaded on eviction sends "t" host, then "r": the worker still holds it, in host memory.
 """
@@ -25,14 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import Any
 
 from engine.kv.hashing import root_key
+from engine.kv.types import TIERS, Tier
+from engine.worker.messages import KvEvent, Removed, Stored, Tiered
 
-STORED = "s"
-REMOVED = "r"
-TIER = "t"
-TIERS = ("host", "device", None)
 QUEUE_LIMIT = 10_000  # batches a subscriber may fall behind before it is dropped
 
 
@@ -41,9 +38,9 @@ class KvEventHub:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: list[list[Any]] = []
-        self._subscribers: set[asyncio.Queue[list[list[Any]] | None]] = set()
-        self.stored = 0  # events seen, for tests and /v1/load
+        self._pending: list[KvEvent] = []
+        self._subscribers: set[asyncio.Queue[list[KvEvent] | None]] = set()
+        self.stored = 0  # events seen (tests)
         self.removed = 0
         self.tiered = 0
 
@@ -52,7 +49,7 @@ class KvEventHub:
         self, namespace: str, key: bytes, parent_key: bytes | None, token_ids: tuple[int, ...]
     ) -> None:
         ns = root_key(namespace).hex()
-        event = [STORED, ns, key.hex(), parent_key.hex() if parent_key else None]
+        event = Stored(ns, key.hex(), parent_key.hex() if parent_key else None)
         with self._lock:
             self.stored += 1
             if self._subscribers:
@@ -62,23 +59,23 @@ class KvEventHub:
         with self._lock:
             self.removed += 1
             if self._subscribers:
-                self._pending.append([REMOVED, key.hex()])
+                self._pending.append(Removed(key.hex()))
 
-    def on_tier(self, key: bytes, tier: str | None) -> None:
-        assert tier in TIERS, f"unknown tier {tier!r}"
+    def on_tier(self, key: bytes, tier: Tier | None) -> None:
+        assert tier is None or tier in TIERS, f"unknown tier {tier!r}"
         with self._lock:
             self.tiered += 1
             if self._subscribers:
-                self._pending.append([TIER, key.hex(), tier])
+                self._pending.append(Tiered(key.hex(), tier))
 
     # -- event loop ----------------------------------------------------------------------------
-    def subscribe(self) -> asyncio.Queue[list[list[Any]] | None]:
-        q: asyncio.Queue[list[list[Any]] | None] = asyncio.Queue(QUEUE_LIMIT)
+    def subscribe(self) -> asyncio.Queue[list[KvEvent] | None]:
+        q: asyncio.Queue[list[KvEvent] | None] = asyncio.Queue(QUEUE_LIMIT)
         with self._lock:
             self._subscribers.add(q)
         return q
 
-    def unsubscribe(self, q: asyncio.Queue[list[list[Any]] | None]) -> None:
+    def unsubscribe(self, q: asyncio.Queue[list[KvEvent] | None]) -> None:
         with self._lock:
             self._subscribers.discard(q)
 

@@ -1,12 +1,12 @@
-"""Run one engine worker: load the model, serve the internal API until SIGTERM / SIGINT.
+"""Run one engine worker: load the model, serve the probes and the transport until SIGTERM.
 
 ``serve_worker`` prints one line once it listens (``kvgate worker: listening on URL``); a parent
-process that started it reads that line to learn the port. With ``unix_path`` it also serves on
-a Unix domain socket there (owner-only), bound before that line: the local worker that
-``kvgate serve`` starts takes its generate streams there, skipping the loopback TCP stack. With
-``exit_with_stdin`` the worker
-also stops when its standard input closes, so a worker started by ``kvgate serve`` never outlives
-the gateway that started it, however that one ended.
+process that started it reads that line to learn the port. With ``unix_path`` its message
+transport also listens on that Unix domain socket (``ipc://``, owner-only), bound before that
+line: the local worker that ``kvgate serve`` starts takes its calls there, skipping the loopback
+TCP stack. With ``exit_with_stdin`` the worker also stops when its standard input closes, so a
+worker started by ``kvgate serve`` never outlives the gateway that started it, however that one
+ended.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from engine.worker.events import KvEventHub
-from engine.worker.fastpath import GenerateConnections
 from engine.worker.server import WORKER, create_worker_app
+from engine.worker.transport import WorkerTransport
 
 READY_PREFIX = "kvgate worker: listening on "
 
@@ -38,6 +39,11 @@ def build_app(
     return create_worker_app(engine, events, token, worker_id)
 
 
+def transport_port_for(port: int) -> int:
+    """The transport's default TCP port: the HTTP port + 1 (any free port when that is 0)."""
+    return port + 1 if port else 0
+
+
 async def serve_worker(
     app: web.Application,
     host: str,
@@ -45,30 +51,42 @@ async def serve_worker(
     *,
     exit_with_stdin: bool = False,
     unix_path: str | None = None,
+    transport_port: int | None = None,
 ) -> None:
+    """The probes over HTTP on ``host:port``; the message transport on ``host:transport_port``
+    (default ``port + 1``; the bound port is announced in /v1/info) and, with ``unix_path``, on
+    ``ipc://<unix_path>`` (created owner-only)."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    assert runner.server is not None
-    # generate connections on the fast path, every other request handed to aiohttp
-    factory = GenerateConnections(app[WORKER], runner.server)
-    loop = asyncio.get_running_loop()
-    servers: list[asyncio.AbstractServer] = []
+    state = app[WORKER]
+    transport = WorkerTransport(state)
     try:
-        servers.append(await loop.create_server(factory, host, port, reuse_address=True))
-        bound_host, bound_port = servers[0].sockets[0].getsockname()[:2]
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        bound_host, bound_port = runner.addresses[0][:2]
+        tport = transport_port if transport_port is not None else transport_port_for(port)
+        endpoints = [f"tcp://{_zmq_host(host)}:{tport}"]
         if unix_path is not None:
-            old = os.umask(0o177)  # the socket is created owner-only (no window of wider mode)
-            try:
-                servers.append(await loop.create_unix_server(factory, unix_path))
-            finally:
-                os.umask(old)
+            endpoints.append(f"ipc://{unix_path}")
+        old = os.umask(0o177)  # the ipc socket is created owner-only (no window of wider mode)
+        try:
+            bound = await transport.start(endpoints)
+        finally:
+            os.umask(old)
+        assert bound is not None
+        state.info = msgspec.structs.replace(state.info, transport_port=bound)
         print(f"{READY_PREFIX}http://{bound_host}:{bound_port}", flush=True)
         await _wait_for_stop(exit_with_stdin)
     finally:
-        for server in servers:
-            server.close()
-        await factory.close()
+        await transport.close()
         await runner.cleanup()
+
+
+def _zmq_host(host: str) -> str:
+    """ZeroMQ binds ``*`` for every interface and IPv6 literals in brackets."""
+    if host in ("", "0.0.0.0", "::"):
+        return "*"
+    return f"[{host}]" if ":" in host else host
 
 
 async def _wait_for_stop(exit_with_stdin: bool) -> None:

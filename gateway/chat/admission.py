@@ -111,7 +111,7 @@ async def prepare(
 ) -> tuple[list[int], SamplingParams]:
     """Prompt ids and sampling parameters, or the refusal: cheap bounds first, then the prompt
     (on the loop or the tokenize threads), then the limits that need its length."""
-    max_len = state.engine.max_model_len
+    max_len = state.engine.info.max_model_len
     chars = check_bounds(body.messages, max_len, state.tokenizer.text_bound)
     work = prompt_work(chars, len(body.messages))
     prompt_ids = await state.prompts.run(

@@ -22,12 +22,11 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from engine.kv import CacheScope
-from engine.model.tokenizer import IncrementalDetokenizer
+from engine.api import EngineClient, GenerateOptions
+from engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from engine.params import SamplingParams
 from gateway.chat.stops import StopMatcher
@@ -65,7 +64,7 @@ class ChoiceResult:
 
 
 class Generation:
-    """Runs one request through ``AsyncEngine.generate`` and yields text deltas.
+    """Runs one request through ``EngineClient.generate`` and yields text deltas.
 
     Leaving ``text()`` early (stop string, cancellation on client disconnect, an exception)
     closes the engine stream, which aborts the engine request and frees its blocks.
@@ -73,35 +72,31 @@ class Generation:
 
     def __init__(
         self,
-        engine: Any,
-        tokenizer: Any,
+        engine: EngineClient,
+        tokenizer: Tokenizer,
         prompt_ids: Sequence[int],
         params: SamplingParams,
+        options: GenerateOptions,
         *,
-        namespace: str,
-        request_id: str,
         stops: Sequence[str] = (),
         index: int = 0,
         on_update: Callable[[Generation], None] | None = None,
-        interim: bool = True,
-        cache_scope: CacheScope | None = None,
         keep_logprobs: bool = True,
     ) -> None:
         self.index = index
-        # False: a non-streaming answer without stop strings needs the first output (admission,
-        # time to first token) and the final one only; the engine skips the steps between.
-        self._interim = interim or bool(stops)
+        # interim=False: a non-streaming answer without stop strings needs the first output
+        # (admission, time to first token) and the final one only; the engine skips the rest.
+        if stops and not options.interim:
+            options = dataclasses.replace(options, interim=True)
+        self._options = options
         self._on_update = on_update  # told after every change of ``stats``
         self._engine = engine
         self._tokenizer = tokenizer
         self._prompt_ids = prompt_ids
         self._params = params
-        self._namespace = namespace
-        self._cache_scope = cache_scope
-        self._request_id = request_id
         self._stops = StopMatcher(stops)
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        self._stream: AsyncIterator[RequestOutput] | None = None
+        self._stream: AsyncGenerator[RequestOutput, None] | None = None
         self._first: RequestOutput | None = None
         # Entries of the answer's tokens, if asked: ``logprobs`` all of them (non-streamed
         # answers only: ``keep_logprobs``), ``_unsent`` those not yet attached to a piece.
@@ -112,25 +107,16 @@ class Generation:
     async def start(self) -> None:
         """Submit and wait for the first output, so admission errors (prompt too long, engine
         overloaded) surface before any response byte is sent."""
-        self._stream = aiter(
-            self._engine.generate(
-                self._prompt_ids,
-                self._params,
-                namespace=self._namespace,
-                request_id=self._request_id,
-                interim=self._interim,
-                cache_scope=self._cache_scope,
-            )
-        )
+        self._stream = self._engine.generate(self._prompt_ids, self._params, self._options)
         self._first = await anext(self._stream)
 
-    async def text(self) -> AsyncIterator[str]:
+    async def text(self) -> AsyncGenerator[str, None]:
         async with contextlib.aclosing(self.pieces()) as pieces:
             async for piece in pieces:
                 if piece.text:
                     yield piece.text
 
-    async def pieces(self) -> AsyncIterator[Piece]:
+    async def pieces(self) -> AsyncGenerator[Piece, None]:
         """Text deltas with their logprobs; the last piece carries the finish reason."""
         assert self._stream is not None and self._first is not None, "start() first"
         detok = make_detokenizer(self._tokenizer)
@@ -177,7 +163,7 @@ class Generation:
                 return "".join([delta async for delta in deltas])
         assert self._stream is not None and self._first is not None, "start() first"
         out: RequestOutput | None = self._first
-        last = out
+        last: RequestOutput = self._first
         try:
             while out is not None:
                 last = out
@@ -209,7 +195,7 @@ class Generation:
         if self._on_update is not None:
             self._on_update(self)
 
-    def _consume(self, out: RequestOutput, detok: Any) -> tuple[str, bool]:
+    def _consume(self, out: RequestOutput, detok: IncrementalDetokenizer) -> tuple[str, bool]:
         self._record(out)
         text = detok.push(list(out.new_token_ids))
         if out.finished:
@@ -229,11 +215,11 @@ class Generation:
 
     async def close(self) -> None:
         stream, self._stream = self._stream, None
-        if stream is not None and hasattr(stream, "aclose"):
+        if stream is not None:
             await stream.aclose()  # engine: leaving early aborts the request
 
 
-def make_detokenizer(tokenizer: Any) -> IncrementalDetokenizer:
+def make_detokenizer(tokenizer: Tokenizer) -> IncrementalDetokenizer:
     return IncrementalDetokenizer(tokenizer)
 
 
@@ -247,34 +233,34 @@ class ChoiceGroup:
 
     def __init__(
         self,
-        engine: Any,
-        tokenizer: Any,
+        engine: EngineClient,
+        tokenizer: Tokenizer,
         prompt_ids: Sequence[int],
         params: SamplingParams,
+        options: GenerateOptions,
         *,
         n: int,
-        namespace: str,
-        request_id: str,
         stops: Sequence[str] = (),
         streamed: bool = True,
-        cache_scope: CacheScope | None = None,
     ) -> None:
+        """``options.request_id`` names choice 0; choice ``i`` is ``<id>-i``. A non-streamed
+        answer asks the engine for no interim outputs."""
         self.tokenizer = tokenizer
         # One choice is the whole group: its stats are the group's, with no per-token summing.
         on_update = self._refresh if n > 1 else None
+        rid = options.request_id
+        assert rid is not None, "a choice group names its requests"
+        base = dataclasses.replace(options, interim=streamed)
         self.choices = [
             Generation(
                 engine,
                 tokenizer,
                 prompt_ids,
                 choice_params(params, i),
-                namespace=namespace,
-                request_id=request_id if i == 0 else f"{request_id}-{i}",
+                dataclasses.replace(base, request_id=rid if i == 0 else f"{rid}-{i}"),
                 stops=stops,
                 index=i,
                 on_update=on_update,
-                interim=streamed,
-                cache_scope=cache_scope,
                 keep_logprobs=not streamed,  # a stream sends each entry once, then drops it
             )
             for i in range(n)
@@ -330,7 +316,7 @@ class ChoiceGroup:
             out.append(ChoiceResult(c.index, text, c.stats.finish_reason or "stop", logprobs))
         return out
 
-    async def pieces(self) -> AsyncIterator[Piece]:
+    async def pieces(self) -> AsyncGenerator[Piece, None]:
         """Pieces of all choices in the order they are ready (one choice: its own order)."""
         if len(self.choices) == 1:
             async with contextlib.aclosing(self.choices[0].pieces()) as pieces:

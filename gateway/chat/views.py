@@ -27,6 +27,7 @@ import time
 
 from aiohttp import web
 
+from engine.api import GenerateOptions
 from gateway.auth import Principal
 from gateway.chat.admission import admit, charged, prepare, read_body, request_scopes
 from gateway.chat.cache_scope import request_cache_scope
@@ -153,18 +154,18 @@ async def _serve(
         lease = Lease.new(rt.tenant_id, scopes, reserve, slots=body.num_choices)
         decision = await admit(state, lease, obs)
         headers = {**decision.headers(), "x-request-id": rid}
+        # blocks past the tenant prefix are the end user's own (gateway/chat/cache_scope.py)
+        scope = request_cache_scope(request, principal, body.user, len(entry.prefix.ids))
+        options = GenerateOptions(entry.namespace, rid, cache_scope=scope)
         gen = ChoiceGroup(
             state.engine,
             state.tokenizer,
             prompt_ids,
             params,
+            options,
             n=body.num_choices,
-            namespace=entry.namespace,
-            request_id=rid,
             stops=body.stop_strings,
             streamed=body.stream,
-            # blocks past the tenant prefix are the end user's own (gateway/chat/cache_scope.py)
-            cache_scope=request_cache_scope(request, principal, body.user, len(entry.prefix.ids)),
         )
         await gen.start()
         obs.stats = gen.stats  # admitted by the engine: recorded whatever ends the request

@@ -17,31 +17,29 @@ from prometheus_client.registry import Collector
 from gateway.cluster.engine import ClusterEngine
 
 
-class OpenedEngine(Protocol):
-    """The app's engine once open (gateway/engine_source.py ``RunningEngine``)."""
+class ClusterView(Protocol):
+    """Where the view finds the cluster (gateway/engine_source.py ``RunningEngine``)."""
 
     @property
-    def engine(self) -> Any: ...  # raises EngineClosed (503) before the engine opened
-
-    def get(self) -> Any: ...  # None before the engine opened
+    def cluster(self) -> ClusterEngine | None: ...  # None: the engine runs in this process
 
 
-CLUSTER = web.AppKey("cluster", OpenedEngine)
+CLUSTER = web.AppKey("cluster", ClusterView)
 
 
 def add_cluster_view(
-    admin: web.Application, opened: OpenedEngine, registry: CollectorRegistry
+    admin: web.Application, view: ClusterView, registry: CollectorRegistry
 ) -> None:
     """Route ``/v1/cluster`` on the admin sub-app; per-worker metrics while the engine is a
     cluster (nothing for an in-process engine)."""
-    admin[CLUSTER] = opened
+    admin[CLUSTER] = view
     admin.router.add_get("/v1/cluster", _cluster)
-    registry.register(ClusterCollector(opened))
+    registry.register(ClusterCollector(view))
 
 
 async def _cluster(request: web.Request) -> web.Response:
-    engine = request.app[CLUSTER].engine
-    if not isinstance(engine, ClusterEngine):
+    engine = request.app[CLUSTER].cluster
+    if engine is None:
         return web.json_response({"mode": "in_process", "workers": [], "tenants": {}})
     return web.json_response(cluster_report(engine))
 
@@ -93,12 +91,12 @@ def cluster_report(engine: ClusterEngine) -> dict[str, Any]:
 
 
 class ClusterCollector(Collector):
-    def __init__(self, opened: OpenedEngine) -> None:
-        self._opened = opened
+    def __init__(self, view: ClusterView) -> None:
+        self._view = view
 
     def collect(self) -> Iterator[Any]:
-        e = self._opened.get()
-        if not isinstance(e, ClusterEngine):
+        e = self._view.cluster
+        if e is None:
             return
         up = GaugeMetricFamily(
             "kvgate_worker_up", "1 while the worker is healthy", labels=["worker"]

@@ -14,12 +14,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 
-from engine.model.tokenizer import Tokenizer
-from gateway.cluster.client import WorkerInfo
+from engine.worker.messages import TokenizerPayload, WireError, WorkerInfo, from_json
 from gateway.cluster.discovery import parse_workers
 from gateway.cluster.engine import ClusterEngine
 from gateway.cluster.loadstats import LoadStats
@@ -60,7 +58,7 @@ class ClusterSource:
             raise ValueError("no model: set KVGATE_MODEL or pass model_dir")
         return cls(settings, (), "", model_dir, local_unix)
 
-    async def open(self) -> ClusterEngine:
+    async def open_cluster(self) -> ClusterEngine:
         """Start the local worker (if any; a thread waits for it, not the event loop), fetch
         the tokenizer and model facts, and build the (not started) cluster client."""
         cs = self.settings.cluster
@@ -74,7 +72,7 @@ class ClusterSource:
             endpoints, token = (local.url,), local.token
         try:
             info, payload = await fetch_bootstrap(endpoints, token, cs.connect_timeout_s)
-            tokenizer = tokenizer_from_payload(payload)
+            tokenizer = payload.build()
         except BaseException:  # a failed or cancelled start-up leaves no worker behind
             if local is not None:
                 local.proc.kill()
@@ -116,13 +114,15 @@ def _unix_paths(local: LocalWorker | None) -> dict[str, str] | None:
 async def open_cluster(
     settings: Settings, model_dir: str | None, *, local_unix: bool = True
 ) -> ClusterEngine:
-    """``ClusterSource.from_settings(...).open()``: the cluster engine, not started."""
-    return await ClusterSource.from_settings(settings, model_dir, local_unix=local_unix).open()
+    """``ClusterSource.from_settings(...).open_cluster()``: the cluster engine, not started."""
+    return await ClusterSource.from_settings(
+        settings, model_dir, local_unix=local_unix
+    ).open_cluster()
 
 
 async def fetch_bootstrap(
     endpoints: tuple[str, ...], token: str, timeout_s: float
-) -> tuple[WorkerInfo, dict[str, Any]]:
+) -> tuple[WorkerInfo, TokenizerPayload]:
     """Info and tokenizer from the first endpoint that answers, retrying until ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
@@ -132,10 +132,10 @@ async def fetch_bootstrap(
         while True:
             for url in endpoints:
                 try:
-                    d = await _get(http, url + "/v1/info")
-                    info = WorkerInfo(**{k: d[k] for k in WorkerInfo.__dataclass_fields__})
-                    return info, await _get(http, url + "/v1/tokenizer")
-                except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+                    info = from_json(await _get(http, url + "/v1/info"), WorkerInfo)
+                    payload = from_json(await _get(http, url + "/v1/tokenizer"), TokenizerPayload)
+                    return info, payload
+                except (aiohttp.ClientError, TimeoutError, WireError) as exc:
                     last = exc
             if time.monotonic() > deadline:
                 why = str(last) or type(last).__name__
@@ -143,18 +143,7 @@ async def fetch_bootstrap(
             await asyncio.sleep(POLL_S)
 
 
-async def _get(http: aiohttp.ClientSession, url: str) -> Any:
+async def _get(http: aiohttp.ClientSession, url: str) -> bytes:
     async with http.get(url) as resp:
         resp.raise_for_status()
-        return await resp.json(content_type=None)
-
-
-def tokenizer_from_payload(payload: dict[str, Any]) -> Tokenizer:
-    from tokenizers import Tokenizer as Backend
-
-    config: dict[str, Any] = {"add_bos_token": bool(payload["add_bos"])}
-    if payload.get("chat_template") is not None:
-        config["chat_template"] = payload["chat_template"]
-    config.update({k: v for k, v in payload["special_tokens"].items() if v is not None})
-    backend = Backend.from_str(payload["backend"])
-    return Tokenizer(backend, config, [int(t) for t in payload["eos_token_ids"]])
+        return await resp.read()

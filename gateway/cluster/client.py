@@ -1,71 +1,46 @@
-"""``WorkerClient``: one worker's internal API, from a gateway (engine/worker/server.py).
+"""``WorkerClient``: one worker, from a gateway: its probes over HTTP, its calls over the transport.
+
+    info, tokenizer     GET /v1/info, /v1/tokenizer (aiohttp; the bearer token)
+    everything else     one ``WorkerChannel`` (gateway/cluster/channel.py) to the transport port
+                        that /v1/info announces (``ipc://`` for the local worker's socket)
 
 Failures are sorted by what the caller may still do::
 
-    WorkerUnavailable   nothing was generated (no connection, no response head, bad status):
-                        the request may go to another worker
-    WorkerLost          the stream broke after outputs were delivered: the request fails
+    WorkerUnavailable   nothing was generated (no connection, no reply, the connection dropped
+                        before the first output): the request may go to another worker
+    WorkerLost          the connection dropped after outputs were delivered: the request fails
     engine errors       the worker's engine refused (PromptTooLong, EngineOverloaded, ...)
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 
+from engine.api import GenerateOptions
 from engine.errors import EngineDead
-from engine.kv import CacheScope, CacheStats, PinHandle, PriorityRange
+from engine.kv import PinHandle
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.params import SamplingParams
-from engine.worker import wire
-from gateway.cluster.stream import ConnectionPool, HttpError, Response
+from engine.worker import messages as m
+from engine.worker.messages import KvEvent, TokenizerPayload, WorkerInfo, WorkerLoad
+from gateway.cluster.channel import LOST, WorkerChannel, WorkerUnavailable
 
-PIN_TIMEOUT_S = 300.0
-PIN_TIMEOUT = aiohttp.ClientTimeout(total=PIN_TIMEOUT_S, sock_connect=5.0)
-
-
-class WorkerUnavailable(EngineDead):
-    """The worker could not take the request (nothing was generated). ``refused``: nothing
-    listens there (the process is gone), as opposed to a call that timed out (maybe busy)."""
-
-    def __init__(self, message: str, *, refused: bool = False) -> None:
-        super().__init__(message)
-        self.refused = refused
-
-
-def _unreachable(exc: BaseException) -> WorkerUnavailable:
-    refused = isinstance(exc, ConnectionRefusedError | aiohttp.ClientConnectorError) or (
-        isinstance(exc, HttpError) and exc.refused
-    )
-    return WorkerUnavailable(f"worker unreachable: {type(exc).__name__}", refused=refused)
+__all__ = ["WorkerClient", "WorkerInfo", "WorkerLoad", "WorkerLost", "WorkerUnavailable"]
+PIN_TIMEOUT_S = 300.0  # a pin may wait for a prefill queued behind requests
 
 
 class WorkerLost(EngineDead):
     """The worker went away while streaming a request."""
 
 
-@dataclass(frozen=True)
-class WorkerInfo:
-    worker_id: str
-    boot_id: str
-    block_size: int
-    max_model_len: int
-    blocks_total: int
-    pin_budget_blocks: int
-
-
-@dataclass(frozen=True)
-class WorkerLoad:
-    healthy: bool
-    boot_id: str
-    running: int
-    waiting: int
-    outstanding_tokens: int
-    stats: CacheStats
+def _unreachable(exc: BaseException) -> WorkerUnavailable:
+    refused = isinstance(exc, ConnectionRefusedError | aiohttp.ClientConnectorError)
+    return WorkerUnavailable(f"worker unreachable: {type(exc).__name__}", refused=refused)
 
 
 class WorkerClient:
@@ -75,148 +50,147 @@ class WorkerClient:
         token: str,
         session: aiohttp.ClientSession,
         timeout_s: float = 2.0,
-        unix_path: str | None = None,  # generate streams go there (the local worker)
+        unix_path: str | None = None,  # the transport's ipc:// socket (the local worker)
     ) -> None:
         self.url = url.rstrip("/")
+        self._token = token
         self._headers = {"Authorization": f"Bearer {token}"}
         self._session = session
-        self._pool = ConnectionPool(self.url, unix_path=unix_path)
-        self._json_headers = {**self._headers, "Content-Type": "application/json"}
-        self._connect_s = timeout_s
+        self._timeout_s = timeout_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        # generate: connect bounded, the stream itself unbounded (long generations)
-        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s)
+        self._unix_path = unix_path
+        self._channel: WorkerChannel | None = None
+        self._stale: list[WorkerChannel] = []  # replaced channels, closed with the client
 
-    async def _get(self, path: str) -> Any:
-        return await self._call("GET", path, None)
-
-    async def _call(
-        self, method: str, path: str, body: Any, timeout: aiohttp.ClientTimeout | None = None
-    ) -> Any:
-        data = None if body is None else wire.encode(body)
+    # -- probes (HTTP) ----------------------------------------------------------------------
+    async def _get(self, path: str) -> bytes:
         try:
-            async with self._session.request(
-                method,
-                self.url + path,
-                data=data,
-                headers=self._headers,
-                timeout=timeout or self._timeout,
+            async with self._session.get(
+                self.url + path, headers=self._headers, timeout=self._timeout
             ) as resp:
                 payload = await resp.read()
                 if resp.status != 200:
                     raise WorkerUnavailable(f"worker answered {resp.status} on {path}")
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise _unreachable(exc) from None
-        out = wire.decode(payload)
-        if isinstance(out, dict) and "e" in out:
-            raise wire.error_from_wire(out["e"])
-        return out
+        return payload
 
     async def info(self) -> WorkerInfo:
-        d = await self._get("/v1/info")
-        return WorkerInfo(
-            str(d["worker_id"]),
-            str(d["boot_id"]),
-            int(d["block_size"]),
-            int(d["max_model_len"]),
-            int(d["blocks_total"]),
-            int(d["pin_budget_blocks"]),
-        )
+        """The worker's identity and geometry; (re)connects the transport it announces."""
+        info = m.from_json(await self._get("/v1/info"), WorkerInfo)
+        if info.protocol != m.PROTOCOL:
+            raise WorkerUnavailable(
+                f"worker {info.worker_id} speaks protocol {info.protocol}, this gateway"
+                f" {m.PROTOCOL}: upgrade both to the same release"
+            )
+        self._connect(self._endpoint(info.transport_port))
+        return info
 
-    async def tokenizer_payload(self) -> dict[str, Any]:
-        return dict(await self._get("/v1/tokenizer"))
+    async def tokenizer_payload(self) -> TokenizerPayload:
+        return m.from_json(await self._get("/v1/tokenizer"), TokenizerPayload)
 
+    def _endpoint(self, port: int) -> str:
+        if self._unix_path is not None:
+            return f"ipc://{self._unix_path}"
+        host = urlsplit(self.url).hostname or "127.0.0.1"
+        return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+    def _connect(self, endpoint: str) -> None:
+        if self._channel is not None and self._channel.endpoint == endpoint:
+            return
+        if self._channel is not None:
+            self._stale.append(self._channel)
+        self._channel = WorkerChannel(endpoint, self._token, self._timeout_s)
+
+    async def _chan(self) -> WorkerChannel:
+        if self._channel is None:
+            await self.info()
+        assert self._channel is not None
+        return self._channel
+
+    # -- calls (transport) ------------------------------------------------------------------
     async def load(self) -> WorkerLoad:
-        d = await self._get("/v1/load")
-        return WorkerLoad(
-            bool(d["healthy"]),
-            str(d["boot_id"]),
-            int(d["running"]),
-            int(d["waiting"]),
-            int(d["outstanding_tokens"]),
-            wire.stats_from_wire(d["stats"]),
-        )
+        reply = await (await self._chan()).request(m.Load, self._timeout_s)
+        return _expect(reply, m.Loaded).load
 
     async def abort(self, request_id: str) -> None:
-        await self._call("POST", "/v1/abort", {"rid": request_id})
+        chan = await self._chan()
+        _expect(await chan.request(lambda c: m.Abort(c, request_id), self._timeout_s), m.Done)
 
     async def pin(self, namespace: str, token_ids: Sequence[int]) -> PinHandle:
-        """May wait for a prefill queued behind requests: a long timeout (``PIN_TIMEOUT_S``);
-        a pin whose caller gave up is released by the worker."""
-        body = {"ns": namespace, "ids": list(token_ids)}
-        d = await self._call("POST", "/v1/pin", body, timeout=PIN_TIMEOUT)
-        return wire.pin_from_wire(d["handle"])
+        """May wait for a prefill queued behind requests (``PIN_TIMEOUT_S``); a pin whose
+        caller gave up is released by the worker."""
+        ids = list(token_ids)
+        chan = await self._chan()
+        reply = await chan.request(lambda c: m.Pin(c, namespace, ids), PIN_TIMEOUT_S)
+        return _expect(reply, m.Pinned).handle
 
     async def unpin(self, handle: PinHandle) -> None:
-        await self._call("POST", "/v1/unpin", {"handle": wire.pin_to_wire(handle)})
+        chan = await self._chan()
+        _expect(await chan.request(lambda c: m.Unpin(c, handle), self._timeout_s), m.Done)
 
     async def forget(self, namespace: str) -> bool:
         """Delete the namespace's disk snapshot on the worker; whether it had one."""
-        return bool((await self._call("POST", "/v1/forget", {"ns": namespace}))["removed"])
+        chan = await self._chan()
+        reply = await chan.request(lambda c: m.Forget(c, namespace), self._timeout_s)
+        return _expect(reply, m.Forgot).removed
 
-    async def events(self) -> AsyncIterator[list[list[Any]]]:
-        """KV event batches until the worker ends the stream or the connection breaks."""
-        try:
-            resp = await self._session.get(
-                self.url + "/v1/events", headers=self._headers, timeout=self._stream_timeout
-            )
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise _unreachable(exc) from None
-        async with resp:
-            if resp.status != 200:
-                raise WorkerUnavailable(f"worker answered {resp.status} on /v1/events")
-            try:
-                async for line in resp.content:
-                    batch = wire.decode(line)
-                    if batch:
-                        yield batch
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                raise WorkerUnavailable(f"event stream lost: {type(exc).__name__}") from None
+    async def events(self) -> AsyncIterator[list[KvEvent]]:
+        """KV event batches until the worker ends the subscription or the connection drops."""
+        chan = await self._chan()
+        async with contextlib.aclosing(chan.stream(m.Subscribe)) as replies:
+            async for item in replies:
+                if item is LOST:
+                    raise WorkerUnavailable("event stream lost")
+                if isinstance(item, m.EventsEnd):
+                    return
+                if not isinstance(item, m.Events):
+                    raise m.WireError(f"unexpected {type(item).__name__} in an event stream")
+                if item.events:
+                    yield item.events
 
     async def generate(
-        self,
-        token_ids: Sequence[int],
-        params: SamplingParams,
-        *,
-        namespace: str,
-        request_id: str,
-        priorities: Sequence[PriorityRange] = (),
-        interim: bool = True,
-        cache_scope: CacheScope | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+        self, token_ids: Sequence[int], params: SamplingParams, options: GenerateOptions
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Outputs as ``AsyncEngine.generate`` yields them (``interim=False``: the first and the
-        final only). Closing the iterator early closes the connection, which aborts the request on
-        the worker."""
-        body = {
-            "ids": list(token_ids),
-            "params": wire.params_to_wire(params),
-            "ns": namespace,
-            "rid": request_id,
-        }
-        if priorities:
-            body["prio"] = wire.priorities_to_wire(tuple(priorities))
-        if not interim:
-            body["interim"] = False
-        if cache_scope is not None:
-            body["scope"] = wire.scope_to_wire(cache_scope)
-        try:
-            resp = await self._pool.request(
-                "POST", "/v1/generate", self._json_headers, wire.encode(body), self._connect_s
-            )
-        except HttpError as exc:
-            raise _unreachable(exc) from None
-        try:
-            async for out in _Decoder(request_id, len(token_ids)).outputs(resp):
+        final only). Leaving early cancels the call, which aborts the request on the worker.
+        ``options.request_id`` must be set."""
+        rid = options.request_id
+        assert rid is not None, "the cluster names every request"
+        chan = await self._chan()
+        ids = list(token_ids)
+        decoder = _Decoder(rid, len(ids))
+        call = chan.stream(lambda c: m.Generate(c, ids, params, options))
+        async with contextlib.aclosing(call) as replies:
+            async for item in replies:
+                if item is LOST:
+                    raise decoder.broken("connection lost")
+                if isinstance(item, m.Failed):
+                    raise item.error.rebuild()
+                if not isinstance(item, m.Output):
+                    raise m.WireError(f"unexpected {type(item).__name__} in a generate stream")
+                out = decoder.output(item)
                 yield out
-        finally:
-            resp.release()
+                if out.finished:
+                    return
 
-    def close(self) -> None:
-        self._pool.close()
+    async def close(self) -> None:
+        for chan in [*self._stale, *([self._channel] if self._channel else [])]:
+            await chan.close()
+        self._stale, self._channel = [], None
+
+
+_R = TypeVar("_R")
+
+
+def _expect(reply: m.Reply, cls: type[_R]) -> _R:
+    if not isinstance(reply, cls):
+        raise m.WireError(f"expected {cls.__name__}, got {type(reply).__name__}")
+    return reply
 
 
 class _Decoder:
-    """Frames of one generate response -> RequestOutputs (token deltas summed here)."""
+    """Frames of one generate call -> RequestOutputs (token deltas summed here)."""
 
     def __init__(self, request_id: str, num_prompt_tokens: int) -> None:
         self._rid = request_id
@@ -226,68 +200,28 @@ class _Decoder:
         self._metrics = RequestMetrics(arrival_time=0.0)
         self._delivered = False
 
-    async def outputs(self, resp: Response) -> AsyncIterator[RequestOutput]:
-        parts = aiter(resp.parts())
-        if resp.status != 200 or resp.headers.get("transfer-encoding") != "chunked":
-            # one JSON answer: refused by the engine (200) or a bad request (400)
-            payload = await self._read(anext(parts, b""))
-            d = wire.decode(payload) if payload else {}
-            if isinstance(d, dict) and "e" in d and resp.status in (200, 400):
-                raise wire.error_from_wire(d["e"])
-            raise WorkerUnavailable(f"worker answered {resp.status} on /v1/generate")
-        buffer = b""
-        while True:
-            while b"\n" not in buffer:
-                part = await self._read(anext(parts, b""))
-                if not part:
-                    raise self._broken("the stream ended before the final output")
-                buffer += part
-            line, _, buffer = buffer.partition(b"\n")
-            d = wire.decode(line)
-            if "e" in d:
-                await self._drain(parts)
-                raise wire.error_from_wire(d["e"])
-            out = self._output(d)
-            if out.finished:
-                await self._drain(parts)  # the chunked end: the connection can be reused
-            self._delivered = True
-            yield out
-            if out.finished:
-                return
-
-    async def _drain(self, parts: AsyncIterator[bytes]) -> None:
-        with contextlib.suppress(HttpError):
-            async for _ in parts:
-                pass
-
-    async def _read(self, op: Any) -> bytes:
-        try:
-            return bytes(await op)
-        except HttpError as exc:
-            raise self._broken(f"connection lost: {exc}") from None
-
-    def _broken(self, why: str) -> EngineDead:
+    def broken(self, why: str) -> EngineDead:
         return WorkerLost(why) if self._delivered else WorkerUnavailable(why)
 
-    def _output(self, d: dict[str, Any]) -> RequestOutput:
-        new = tuple(d["n"])
+    def output(self, frame: m.Output) -> RequestOutput:
+        new = tuple(frame.new_token_ids)
         self._tokens.extend(new)
-        if "m" in d:
-            self._metrics = wire.metrics_from_wire(d["m"])
-            self._cached = int(d["c"])
-        finished = bool(d.get("f"))
-        if finished and list(d["t"]) != self._tokens:
-            raise wire.WireError("final token ids differ from the sum of the deltas")
-        err = d.get("err")
+        if frame.metrics is not None:
+            self._metrics = frame.metrics
+        if frame.cached is not None:
+            self._cached = frame.cached
+        if frame.finished and frame.token_ids != self._tokens:
+            raise m.WireError("final token ids differ from the sum of the deltas")
+        self._delivered = True
         return RequestOutput(
             request_id=self._rid,
             num_prompt_tokens=self._n_prompt,
             token_ids=tuple(self._tokens),
             new_token_ids=new,
             num_cached_tokens=self._cached,
-            finished=finished,
-            finish_reason=d.get("r"),
+            finished=frame.finished,
+            finish_reason=frame.finish_reason,
             metrics=self._metrics,
-            error=wire.error_from_wire(err) if err is not None else None,
-            new_logprobs=wire.logprobs_from_wire(d.get("lp")),
+            error=frame.error.rebuild() if frame.error is not None else None,
+            new_logprobs=tuple(frame.logprobs) if frame.logprobs is not None else None,
         )

@@ -1,8 +1,7 @@
 """``ClusterEngine``: the gateway's engine when the engine runs in worker processes.
 
-It answers the calls the gateway makes of an ``AsyncEngine`` (generate, abort, pin_prefix,
-unpin, forget_namespace, cache_stats, tokenizer, max_model_len, start, shutdown, is_running),
-so views, the pin manager and telemetry do not care where the engine runs. Behind it::
+It is an ``EngineClient`` (engine/api.py), like the in-process ``AsyncEngine``, so views, the
+pin manager and telemetry do not care where the engine runs. Behind it::
 
     health loop (every health_s): resolve KVGATE_WORKERS, poll each worker's load; a worker
         failing DOWN_AFTER_FAILURES checks in a row is taken out, one answering again (or
@@ -17,20 +16,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import aiohttp
 import structlog
 
+from engine.api import DEFAULT_OPTIONS, EngineInfo, GenerateOptions, PinStatus, PinTicket
 from engine.errors import EngineClosed, EngineOverloaded, PinRejected
-from engine.kv import CacheScope, CacheStats, PriorityRange
+from engine.kv import CacheScope, CacheStats
+from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
 from engine.request import request_id_or_new
-from engine.worker import wire
-from gateway.cluster.client import WorkerClient, WorkerInfo, WorkerUnavailable
+from engine.worker.messages import WireError, WorkerInfo
+from gateway.cluster.client import WorkerClient, WorkerUnavailable
 from gateway.cluster.discovery import resolve_workers
 from gateway.cluster.forget import SnapshotForgets
 from gateway.cluster.kvindex import KvIndex
@@ -51,7 +53,7 @@ class ClusterEngine:
         endpoints: Sequence[str],
         token: str,
         *,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         info: WorkerInfo,
         health_s: float = 1.0,
         spill_queue_s: float = 0.5,
@@ -60,8 +62,7 @@ class ClusterEngine:
         on_close: Any = None,
         unix_paths: dict[str, str] | None = None,  # url -> Unix socket (the local worker)
     ) -> None:
-        self.tokenizer = tokenizer
-        self.max_model_len = info.max_model_len
+        self._info = EngineInfo(tokenizer, info.max_model_len, info.block_size)
         self.block_size = info.block_size
         self._endpoints = tuple(endpoints)
         self._token = token
@@ -87,6 +88,11 @@ class ClusterEngine:
         self.failovers = 0
 
     # ------------------------------------------------------------------ view of the cluster
+
+    @property
+    def info(self) -> EngineInfo:
+        """The model's, as the first worker that answered told it (gateway/cluster/bootstrap.py)."""
+        return self._info
 
     @property
     def is_running(self) -> bool:
@@ -133,7 +139,7 @@ class ClusterEngine:
                 await task
         await self.placer.close()
         for m in self.members.values():
-            m.client.close()
+            await m.client.close()
         if self._session is not None:
             await self._session.close()
         await self._stats.close()
@@ -187,7 +193,7 @@ class ClusterEngine:
             if not exc.refused and time.monotonic() - m.last_output < self._health_timeout:
                 return False  # late, but it streamed outputs just now: busy, not gone
             return self._take_out(m) if m.failed(refused=exc.refused) else False
-        except (wire.WireError, KeyError, ValueError):
+        except (WireError, KeyError, ValueError):
             return self._take_out(m) if m.failed() else False
         m.failures, m.refused = 0, False
         m.observed(load)
@@ -251,7 +257,7 @@ class ClusterEngine:
                 # a sign of life while its requests stream nothing (interim=False)
                 m.last_output = time.monotonic()
                 self.index.apply(wid, batch)
-        except (WorkerUnavailable, wire.WireError):
+        except (WorkerUnavailable, WireError):
             pass  # the health loop notices and takes it out, or resubscribes on recovery
         finally:
             self.index.drop_worker(wid)
@@ -260,22 +266,23 @@ class ClusterEngine:
 
     # ------------------------------------------------------------------ pins
 
-    async def pin_tenant(
-        self, tenant_id: str, namespace: str, token_ids: Sequence[int]
-    ) -> TenantPin:
-        """Pin a tenant's prompt on its placement set; returns when the set has it."""
-        pin = TenantPin(tenant_id, namespace, tuple(token_ids), self.block_size)
+    async def pin(self, owner: str, namespace: str, token_ids: Sequence[int]) -> TenantPin:
+        """Pin a tenant's (``owner``'s) prompt on its placement set; returns when the set has
+        it. The pin follows the placement from then on (gateway/cluster/placer.py)."""
+        pin = TenantPin(owner, namespace, tuple(token_ids), self.block_size)
         if pin.blocks == 0:
             raise PinRejected("prefix shorter than one KV block", reason="too_short")
         self.placer.pins[pin.key] = pin
         await self.settle()
         return pin
 
-    async def pin_prefix(self, namespace: str, token_ids: Sequence[int]) -> TenantPin:
-        return await self.pin_tenant(placement_key(namespace), namespace, token_ids)
+    async def unpin(self, ticket: PinTicket) -> None:
+        await self.placer.release(_tenant_pin(ticket), self.healthy())
 
-    async def unpin(self, handle: TenantPin) -> None:
-        await self.placer.release(handle, self.healthy())
+    def pin_status(self, ticket: PinTicket | None) -> PinStatus:
+        if ticket is None:
+            return PinStatus(0, 0, None, {})
+        return _tenant_pin(ticket).status(self.healthy())
 
     async def forget_namespace(self, namespace: str) -> bool:
         """Remove the namespace's disk snapshots on every worker (now, or when one that is away
@@ -290,34 +297,21 @@ class ClusterEngine:
         self,
         token_ids: Sequence[int],
         params: SamplingParams,
-        *,
-        namespace: str = "default",
-        request_id: str | None = None,
-        priorities: Sequence[PriorityRange] = (),
-        interim: bool = True,
-        cache_scope: CacheScope | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+        options: GenerateOptions = DEFAULT_OPTIONS,
+    ) -> AsyncGenerator[RequestOutput, None]:
         if self._closed:
             raise EngineClosed("the cluster client was shut down")
-        rid = request_id_or_new(request_id)
+        rid = request_id_or_new(options.request_id)
+        options = dataclasses.replace(options, request_id=rid)  # the same id on every retry
+        namespace = options.namespace
         key = placement_key(namespace)
         self._stats.record(key)
         cost = len(token_ids) + params.max_tokens
         tried: set[str] = set()
         while True:
-            route = self._route(key, namespace, token_ids, tried, cache_scope)
+            route = self._route(key, namespace, token_ids, tried, options.cache_scope)
             m = route.member
-            stream = aiter(
-                m.client.generate(
-                    token_ids,
-                    params,
-                    namespace=namespace,
-                    request_id=rid,
-                    priorities=priorities,
-                    interim=interim,
-                    cache_scope=cache_scope,
-                )
-            )
+            stream = aiter(m.client.generate(token_ids, params, options))
             m.local_tokens += cost
             m.inflight += 1
             self._flights[rid] = m
@@ -405,6 +399,12 @@ class ClusterEngine:
         self.placer.check_integrity()
         self.index.check_integrity()
         self.forgets.check_integrity()
+
+
+def _tenant_pin(ticket: PinTicket) -> TenantPin:
+    if not isinstance(ticket, TenantPin):
+        raise TypeError(f"not a ticket of the cluster: {type(ticket).__name__}")
+    return ticket
 
 
 async def _close(stream: Any) -> None:

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 import structlog
 
-from engine.worker import wire
-from gateway.cluster.client import WorkerUnavailable
+from engine.worker.messages import WireError
+from gateway.cluster.channel import WorkerUnavailable
 from gateway.cluster.members import Member
 
 log = structlog.get_logger(__name__)
@@ -47,7 +47,7 @@ class SnapshotForgets:
         for ns in list(owed):
             try:
                 removed = await m.client.forget(ns) or removed
-            except (WorkerUnavailable, wire.WireError) as exc:
+            except (WorkerUnavailable, WireError) as exc:
                 log.warning("snapshot_forget_deferred", worker=m.worker_id, error=str(exc))
                 return removed
             owed.pop(ns, None)

@@ -25,12 +25,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from engine.kv import types as tiers
 from engine.kv.hashing import CacheScope, block_keys, root_key
-from engine.worker.events import REMOVED, STORED, TIER
+from engine.worker.messages import KvEvent, Removed, Stored, Tiered
 
 DEVICE = 1  # where a worker holds a key (bits)
 HOST = 2
-_TIER_BIT = {"device": DEVICE, "host": HOST}
+_TIER_BIT = {tiers.DEVICE: DEVICE, tiers.HOST: HOST}
 
 
 class KvIndex:
@@ -41,19 +42,17 @@ class KvIndex:
     def __len__(self) -> int:
         return len(self._holders)
 
-    def apply(self, worker_id: str, batch: Sequence[Sequence[object]]) -> None:
+    def apply(self, worker_id: str, batch: Sequence[KvEvent]) -> None:
         for event in batch:
-            kind = event[0]
-            if kind == STORED:
-                self._set(str(event[2]), worker_id, DEVICE)
-            elif kind == REMOVED:
-                self._clear(str(event[1]), worker_id, DEVICE)
-            elif kind == TIER:
-                key, tier = str(event[1]), event[2]
-                if tier is None:
-                    self._clear(key, worker_id, HOST)
+            if isinstance(event, Stored):
+                self._set(event.key, worker_id, DEVICE)
+            elif isinstance(event, Removed):
+                self._clear(event.key, worker_id, DEVICE)
+            elif isinstance(event, Tiered):
+                if event.tier is None:
+                    self._clear(event.key, worker_id, HOST)
                 else:
-                    self._set(key, worker_id, _TIER_BIT[str(tier)])
+                    self._set(event.key, worker_id, _TIER_BIT[event.tier])
 
     def _set(self, key: str, worker_id: str, bit: int) -> None:
         holders = self._holders

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from gateway.cluster.client import WorkerClient, WorkerInfo, WorkerLoad
+from engine.worker.messages import WorkerInfo, WorkerLoad
+from gateway.cluster.client import WorkerClient
 
 # Consecutive failed health checks before a worker is taken out: a refused connection (nothing
 # listens: the process is gone) counts double, a timeout (busy, or hung) once.

@@ -32,11 +32,12 @@ from typing import Any
 
 import structlog
 
+from engine.api import GenerateOptions, PinStatus, PinTier
 from engine.errors import EngineError
 from engine.kv import PinHandle
 from engine.params import SamplingParams
 from engine.request import request_id_or_new
-from engine.worker.wire import WireError
+from engine.worker.messages import WireError
 from gateway.cluster.members import Member
 from gateway.cluster.placement import (
     Placement,
@@ -86,19 +87,24 @@ class TenantPin:
         return {w: h.tier for w, (_, h) in sorted(self.handles.items()) if w in live}
 
     @property
-    def tier(self) -> str | None:
+    def owner(self) -> str:  # engine/api.py PinTicket
+        return self.tenant_id
+
+    def status(self, live: Mapping[str, object]) -> PinStatus:
+        """One replica's view for the pin manager's cache report, with every live holder."""
+        tiers = self.tiers(live)
+        held = bool(self.handles)
+        blocks = len(next(iter(self.handles.values()))[1].block_ids) if held else 0
+        tokens = self.blocks * self.block_size if held else 0
+        return PinStatus(blocks, tokens, self.tier, tiers)
+
+    @property
+    def tier(self) -> PinTier | None:
         """The holders' tier when they agree, "mixed" when not, None when none holds it."""
         tiers = {h.tier for _, h in self.handles.values()}
-        return tiers.pop() if len(tiers) == 1 else ("mixed" if tiers else None)
-
-    # Read like an engine PinHandle by the pin manager's cache report (one replica's view).
-    @property
-    def block_ids(self) -> tuple[int, ...]:
-        return next(iter(self.handles.values()))[1].block_ids if self.handles else ()
-
-    @property
-    def num_tokens(self) -> int:
-        return self.blocks * self.block_size if self.handles else 0
+        if len(tiers) > 1:
+            return "mixed"
+        return ("host" if tiers.pop() == "host" else "device") if tiers else None
 
 
 class Placer:
@@ -225,13 +231,8 @@ class Placer:
             if self.pins.get(pin.key) is not pin:
                 return  # unpinned meanwhile
             try:
-                stream = m.client.generate(
-                    pin.token_ids,
-                    params,
-                    namespace=pin.namespace,
-                    request_id=request_id_or_new(None),
-                    interim=False,
-                )
+                options = GenerateOptions(pin.namespace, request_id_or_new(None), interim=False)
+                stream = m.client.generate(pin.token_ids, params, options)
                 async for _ in stream:
                     pass
             except (EngineError, WireError) as exc:  # refused, or the worker went away: its

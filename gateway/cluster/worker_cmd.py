@@ -25,6 +25,11 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--id", help="worker id for placement (default: KVGATE_WORKER_ID, host:port)")
     p.add_argument("--exit-with-stdin", action="store_true", help="stop when stdin closes")
     p.add_argument("--unix", help="also serve on this Unix domain socket path")
+    p.add_argument(
+        "--transport-port",
+        type=int,
+        help="the gateways' message transport port (default: --port + 1; announced in /v1/info)",
+    )
     return p.parse_args(list(argv))
 
 
@@ -50,7 +55,12 @@ def main(argv: Sequence[str]) -> int:
     app = build_app(model_dir, token, worker_id, **settings.model.engine_overrides())
     asyncio.run(
         serve_worker(
-            app, args.host, args.port, exit_with_stdin=args.exit_with_stdin, unix_path=args.unix
+            app,
+            args.host,
+            args.port,
+            exit_with_stdin=args.exit_with_stdin,
+            unix_path=args.unix,
+            transport_port=args.transport_port,
         )
     )
     return 0

@@ -33,7 +33,13 @@ from redis.exceptions import RedisError
 from gateway.ratelimit.leases import Held
 from gateway.ratelimit.memory import MemoryLimiter, scope_key
 from gateway.ratelimit.redis import RedisLimiter
-from gateway.ratelimit.types import PERIOD_MS, Decision, Lease, LimiterUnavailable
+from gateway.ratelimit.types import (
+    PERIOD_MS,
+    Decision,
+    Lease,
+    LimiterUnavailable,
+    SharedState,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -198,6 +204,9 @@ class FailoverLimiter:
             await self._mark_down(exc)
             if not self.fail_open:
                 raise LimiterUnavailable(f"Redis unreachable ({type(exc).__name__})") from None
+
+    def shared_state(self) -> SharedState:
+        return SharedState(self.down, self.fail_open, self.failovers, self.fallback_decisions)
 
     async def ping(self) -> bool:
         try:

@@ -243,6 +243,15 @@ class MemoryLimiter:
                 assert lease_id and expiry > 0 and slots >= 1, f"bad lease {lease_id!r} of {key}"
         self.book.check_integrity()
 
+    async def warm(self) -> None:
+        """Nothing to load: the state lives in this process."""
+
+    def shared_state(self) -> None:
+        return None
+
+    async def ping(self) -> bool:
+        return True
+
     async def close(self) -> None:
         await self._renewer.close()
 

@@ -149,6 +149,10 @@ class RedisLimiter:
         """Connect and load the script, so the first admission is one EVALSHA like the rest."""
         await self.client.script_load(self._calls.script)
 
+    def shared_state(self) -> None:
+        """Alone (no in-process fall-back) there is nothing to fail over: see FailoverLimiter."""
+        return None
+
     async def ping(self) -> bool:
         try:
             return bool(await self.client.ping())

@@ -212,6 +212,17 @@ def format_duration(ms: float) -> str:
     return f"{int(minutes)}m{text}" if minutes else text
 
 
+@dataclass(frozen=True)
+class SharedState:
+    """A limiter that shares its state through Redis and falls back in-process: whether Redis
+    is away now, and the fail-over counters (read by /readyz and the metrics)."""
+
+    down: bool
+    fail_open: bool  # while down: admit in-process (True) or refuse (False)
+    failovers: int  # UP -> DOWN transitions
+    fallback_decisions: int  # admissions decided in-process while down
+
+
 class Limiter(Protocol):
     async def acquire(self, lease: Lease) -> Decision:
         """Check every scope of ``lease`` and, if all admit, take from all of them."""
@@ -228,6 +239,19 @@ class Limiter(Protocol):
         """Give the lease back and reconcile TPM with ``used_tokens``. Idempotent; a no-op for a
         lease that was rejected; for one whose admission call did not complete, undoes whatever
         that call may still have taken."""
+        ...
+
+    async def warm(self) -> None:
+        """Connect and load what admission needs, before the first request (no-op in-process).
+        A fail-closed shared limiter whose store is unreachable raises LimiterUnavailable."""
+        ...
+
+    def shared_state(self) -> SharedState | None:
+        """The fail-over state of a shared limiter; None for one with nothing to fail over."""
+        ...
+
+    async def ping(self) -> bool:
+        """Whether the shared store answers now (True for an in-process limiter)."""
         ...
 
     async def close(self) -> None: ...

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.ratelimit.types import Limiter
 from gateway.telemetry.dbgauge import DatabaseGauge
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -27,7 +28,7 @@ class _StateCollector(Collector):
     def __init__(
         self,
         cache_stats: Callable[[], Any] | None,
-        limiter: Any,
+        limiter: Limiter | None,
         database: Callable[[], DatabaseGauge] | None = None,
     ) -> None:
         self._cache_stats = cache_stats
@@ -50,21 +51,22 @@ class _StateCollector(Collector):
                     blocks.add_metric([f"host_{state}"], float(value))
             yield blocks
             yield from _tier_counters(stats)
-        if self._limiter is not None and hasattr(self._limiter, "failovers"):
+        shared = self._limiter.shared_state() if self._limiter is not None else None
+        if shared is not None:
             yield GaugeMetricFamily(
                 "kvgate_ratelimit_redis_down",
                 "1 while the shared limiter is unreachable",
-                value=float(self._limiter.down),
+                value=float(shared.down),
             )
             yield CounterMetricFamily(
                 "kvgate_ratelimit_failovers",
                 "Redis limiter UP -> DOWN transitions",
-                value=float(self._limiter.failovers),
+                value=float(shared.failovers),
             )
             yield CounterMetricFamily(
                 "kvgate_ratelimit_fallback_decisions",
                 "admissions decided in-process while Redis was down",
-                value=float(self._limiter.fallback_decisions),
+                value=float(shared.fallback_decisions),
             )
 
 
@@ -189,7 +191,7 @@ class GatewayMetrics:
     def watch(
         self,
         cache_stats: Callable[[], Any] | None,
-        limiter: Any,
+        limiter: Limiter | None,
         database: Callable[[], DatabaseGauge] | None = None,
     ) -> None:
         """Register the scrape-time collector (once the engine, limiter and key cache exist)."""

@@ -7,19 +7,22 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import msgspec
 import pytest
 
+from engine.api import GenerateOptions
 from engine.kv import CacheScope
 from engine.kv.hashing import block_keys, root_key
 from engine.params import SamplingParams
-from engine.worker import wire
-from engine.worker.events import STORED
+from engine.worker import messages as m
+from engine.worker.messages import STORED, kv_events
 from gateway.cluster.client import WorkerClient
 from gateway.cluster.local import LocalWorker
 from gateway.cluster.placement import WorkerSlot, hrw_order, place
 from gateway.cluster.placer import TenantPin, placement_key
 from tests.cluster.test_cluster import BLOCK, GREEDY, prompt, running
 from tests.cluster.test_cold_tenants import _engine
+from tests.cluster.test_worker_transport import raw_dealer
 from tests.cluster.workers import TOKEN
 
 SYSTEM = prompt(70, 2)  # the tenant prefix: 2 blocks
@@ -29,14 +32,23 @@ def visitor(name: str, shared: int = len(SYSTEM)) -> CacheScope:
     return CacheScope(f"digest-of-{name}".encode(), shared)
 
 
-def test_scope_travels_as_hex_salt_and_shared_tokens() -> None:
+def _generate_with_scope(scope: object) -> bytes:
+    """A generate message whose options carry ``scope`` as given (not checked on this side)."""
+    options = {"namespace": "n", "request_id": "s5", "cache_scope": scope}
+    body = {"op": "generate", "call": 1, "token_ids": [5], "params": {}, "options": options}
+    return msgspec.msgpack.encode(body)
+
+
+def test_scope_travels_as_salt_bytes_and_shared_tokens() -> None:
     sc = visitor("a", 37)
-    data = wire.decode(wire.encode({"scope": wire.scope_to_wire(sc)}))
-    assert wire.scope_from_wire(data["scope"]) == sc
-    assert wire.scope_from_wire(None) is None
-    for bad in (["zz", 3], ["00", -1], ["", 3], [1]):
-        with pytest.raises((ValueError, TypeError)):
-            wire.scope_from_wire(bad)
+    msg = m.Generate(1, [5], GREEDY, GenerateOptions("ns", "r", cache_scope=sc))
+    assert m.decode_request(m.encode(msg)) == msg
+    unscoped = m.Generate(1, [5], GREEDY, GenerateOptions("ns", "r"))
+    assert m.decode_request(m.encode(unscoped)).options.cache_scope is None  # type: ignore[union-attr]
+    for bad in ({"salt": "zz", "shared_tokens": 3}, {"salt": b"00", "shared_tokens": -1},
+                {"salt": b"", "shared_tokens": 3}, {"salt": b"00"}):  # fmt: skip
+        with pytest.raises(m.WireError, match="bad generate request"):
+            m.decode_request(_generate_with_scope(bad))
 
 
 def test_affinity_follows_the_visitor_not_the_tokens() -> None:
@@ -54,7 +66,7 @@ def test_affinity_follows_the_visitor_not_the_tokens() -> None:
     # visitor A's earlier turn is cached on the far worker (the worker's events: scoped keys)
     n = (len(convo) - 1) // BLOCK
     keys = block_keys(root_key(ns), convo, BLOCK, 0, n, visitor("a"))
-    eng.index.apply(far, [[STORED, ns, k.hex(), None] for k in keys])
+    eng.index.apply(far, kv_events([[STORED, ns, k.hex(), None] for k in keys]))
     follow = [*convo, 9, 9]
     route = eng._route(key, ns, follow, set(), visitor("a"))
     assert (route.member.worker_id, route.reason) == (far, "affinity")
@@ -76,7 +88,9 @@ async def test_the_worker_api_keys_blocks_in_the_request_scope(
             outs = [
                 o
                 async for o in client.generate(
-                    convo, params, namespace="ns-wire", request_id=rid, cache_scope=sc
+                    convo,
+                    params,
+                    GenerateOptions(namespace="ns-wire", request_id=rid, cache_scope=sc),
                 )
             ]
             return outs[-1].num_cached_tokens
@@ -85,20 +99,18 @@ async def test_the_worker_api_keys_blocks_in_the_request_scope(
         assert await cached("s2", visitor("b")) == len(SYSTEM)  # the shared blocks A computed
         assert await cached("s3", None) == len(SYSTEM)
         assert await cached("s4", visitor("a")) == (len(convo) - 1) // BLOCK * BLOCK
-        # a malformed scope is refused with a 400 before any engine request is made
-        body = {
-            "ids": convo,
-            "params": wire.params_to_wire(params),
-            "ns": "n",
-            "rid": "s5",
-            "scope": ["not hex", 3],
-        }
-        url = three_workers[2].url + "/v1/generate"
-        headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-        async with http.post(url, data=wire.encode(body), headers=headers) as resp:
-            assert resp.status == 400
-            err = wire.error_from_wire((await resp.json())["e"])
+        # a malformed scope is refused before any engine request is made
+        info = await client.info()
+        sock = await raw_dealer(f"tcp://127.0.0.1:{info.transport_port}", TOKEN)
+        try:
+            await sock.send(_generate_with_scope({"salt": "not bytes", "shared_tokens": 3}))
+            reply = m.decode_reply(await asyncio.wait_for(sock.recv(), 10))
+        finally:
+            sock.close()
+        assert isinstance(reply, m.Failed)
+        err = reply.error.rebuild()
         assert isinstance(err, ValueError) and "bad generate request" in str(err)
+        await client.close()
 
 
 async def test_a_returning_visitor_is_routed_to_the_worker_holding_its_conversation(
@@ -106,16 +118,26 @@ async def test_a_returning_visitor_is_routed_to_the_worker_holding_its_conversat
 ) -> None:
     # any traffic makes the tenant hot enough for a replica on every worker
     async with running(three_workers, replica_rate=0.01, load_window_s=0.5) as eng:
-        pin = await eng.pin_tenant("vis", "ns-vis", SYSTEM)
+        pin = await eng.pin("vis", "ns-vis", SYSTEM)
         async with asyncio.timeout(10):
             while len(eng.placer.placement.workers_of(pin.key)) < 3:
-                outs = [o async for o in eng.generate([*SYSTEM, 1], GREEDY, namespace="ns-vis")]
+                outs = [
+                    o
+                    async for o in eng.generate(
+                        [*SYSTEM, 1], GREEDY, GenerateOptions(namespace="ns-vis")
+                    )
+                ]
                 assert outs[-1].finished
                 await asyncio.sleep(0.2)
 
         async def turn(ids: list[int], sc: CacheScope) -> tuple[list[int], int, str]:
             before = {w: dict(m.routed) for w, m in eng.healthy().items()}
-            outs = [o async for o in eng.generate(ids, GREEDY, namespace="ns-vis", cache_scope=sc)]
+            outs = [
+                o
+                async for o in eng.generate(
+                    ids, GREEDY, GenerateOptions(namespace="ns-vis", cache_scope=sc)
+                )
+            ]
             (wid,) = [w for w, m in eng.healthy().items() if dict(m.routed) != before[w]]
             routed = eng.healthy()[wid].routed
             (reason,) = [r for r in routed if routed[r] != before[wid].get(r, 0)]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.api import GenerateOptions
 from engine.params import SamplingParams
 from gateway.cluster.engine import ClusterEngine
 from gateway.cluster.local import LocalWorker
@@ -35,7 +36,7 @@ async def running(workers: list[LocalWorker], **kwargs: object) -> AsyncIterator
 
 
 async def generate(eng: ClusterEngine, ids: list[int], ns: str) -> tuple[list[int], int]:
-    outs = [out async for out in eng.generate(ids, GREEDY, namespace=ns)]
+    outs = [out async for out in eng.generate(ids, GREEDY, GenerateOptions(namespace=ns))]
     out = outs[-1]
     assert out.finished
     return list(out.token_ids), out.num_cached_tokens
@@ -44,7 +45,7 @@ async def generate(eng: ClusterEngine, ids: list[int], ns: str) -> tuple[list[in
 async def test_pins_fill_workers_within_their_budgets(three_workers: list[LocalWorker]) -> None:
     async with running(three_workers) as eng, running(three_workers) as other:
         # 9 tenants x 12 blocks = 108 blocks: more than one worker's pin budget (64)
-        pins = [await eng.pin_tenant(f"t{i}", f"ns-budget-{i}", prompt(i, 12)) for i in range(9)]
+        pins = [await eng.pin(f"t{i}", f"ns-budget-{i}", prompt(i, 12)) for i in range(9)]
         budget = {wid: m.info.pin_budget_blocks for wid, m in eng.healthy().items()}
         used: dict[str, int] = {}
         for pin in pins:
@@ -74,7 +75,7 @@ async def test_follow_up_turns_go_to_the_worker_holding_the_conversation(
 ) -> None:
     # any traffic makes the tenant hot enough for a replica on every worker
     async with running(three_workers, replica_rate=0.01, load_window_s=0.5) as eng:
-        pin = await eng.pin_tenant("aff", "ns-aff", prompt(50, 2))
+        pin = await eng.pin("aff", "ns-aff", prompt(50, 2))
         async with asyncio.timeout(10):
             while len(eng.placer.placement.workers_of(pin.key)) < 3:
                 await generate(eng, [*prompt(50, 2), 1], "ns-aff")

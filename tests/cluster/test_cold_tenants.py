@@ -4,7 +4,7 @@ where their prompt is still cached."""
 from __future__ import annotations
 
 from engine.kv.hashing import block_keys, root_key
-from engine.worker.events import STORED
+from engine.worker.messages import STORED, kv_events
 from gateway.cluster.client import WorkerClient, WorkerInfo
 from gateway.cluster.engine import ClusterEngine
 from gateway.cluster.members import Member
@@ -53,7 +53,7 @@ def _engine() -> ClusterEngine:
 def _cached_on(eng: ClusterEngine, wid: str, ns: str, ids: list[int]) -> None:
     n = (len(ids) - 1) // BLOCK
     keys = block_keys(root_key(ns), ids, BLOCK, 0, n)
-    eng.index.apply(wid, [[STORED, ns, k.hex(), None] for k in keys])
+    eng.index.apply(wid, kv_events([[STORED, ns, k.hex(), None] for k in keys]))
 
 
 def test_a_tenant_pinned_nowhere_goes_where_its_prompt_is_cached() -> None:

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.api import GenerateOptions
 from engine.params import SamplingParams
 from gateway.cluster.client import WorkerLost
 from gateway.cluster.engine import ClusterEngine
@@ -40,7 +41,7 @@ async def client(eng: ClusterEngine, seed: int, stop: asyncio.Event, log: list[D
         done = Done(time.monotonic(), len(ids))
         delivered = False
         try:
-            async for out in eng.generate(ids, PARAMS, namespace=f"ns-fo-{t}"):
+            async for out in eng.generate(ids, PARAMS, GenerateOptions(namespace=f"ns-fo-{t}")):
                 delivered = True
                 done.cached = out.num_cached_tokens
         except WorkerLost:
@@ -65,7 +66,7 @@ async def test_killing_a_worker_under_load(demo_model_dir: Path) -> None:
 
 
 async def run_scenario(eng: ClusterEngine, workers: list) -> None:
-    pins = [await eng.pin_tenant(f"fo{t}", f"ns-fo-{t}", prefix(t)) for t in range(TENANTS)]
+    pins = [await eng.pin(f"fo{t}", f"ns-fo-{t}", prefix(t)) for t in range(TENANTS)]
     assert all(p.workers(eng.healthy()) for p in pins)
     stop, log = asyncio.Event(), []
     clients = [asyncio.create_task(client(eng, s, stop, log)) for s in range(6)]

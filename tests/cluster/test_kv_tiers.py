@@ -10,12 +10,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 
 from engine.kv import BlockState, PinHandle, PrefixCache
 from engine.kv.hashing import block_keys, root_key
-from engine.worker import wire
-from engine.worker.events import REMOVED, STORED, TIER, KvEventHub
+from engine.worker import messages as m
+from engine.worker.events import KvEventHub
+from engine.worker.messages import REMOVED, STORED, TIER, KvEvent, kv_events
 from gateway.cluster.admin import cluster_report
 from gateway.cluster.client import WorkerClient
 from gateway.cluster.kvindex import DEVICE, HOST, KvIndex
@@ -28,14 +30,20 @@ BS = 16
 
 # -- pin handles on the wire -------------------------------------------------------------------
 def test_pin_handles_keep_their_tier_on_the_wire() -> None:
+    def through(body: dict[str, Any]) -> PinHandle:
+        reply = m.decode_reply(msgspec.msgpack.encode(["pinned", 1, body]))
+        assert isinstance(reply, m.Pinned)
+        return reply.handle
+
     for handle in (PinHandle(3, "ns", (1, 2), 32), PinHandle(4, "ns", (), 48, "host")):
-        data = wire.decode(wire.encode(wire.pin_to_wire(handle)))
+        data = msgspec.to_builtins(handle)
         assert data["tier"] == handle.tier
-        assert wire.pin_from_wire(data) == handle
+        assert through(data) == handle
+        assert m.decode_reply(m.encode(m.Pinned(1, handle))) == m.Pinned(1, handle)
     legacy = {"pin_id": 5, "namespace": "ns", "block_ids": [7], "num_tokens": 16}
-    assert wire.pin_from_wire(legacy).tier == "device"  # a worker from before the host tier
-    with pytest.raises(wire.WireError, match="tier"):
-        wire.pin_from_wire({**legacy, "tier": "disk"})
+    assert through(legacy).tier == "device"  # a worker from before the host tier
+    with pytest.raises(m.WireError, match="tier"):
+        through({**legacy, "tier": "disk"})
 
 
 # -- KV events with tiers, and the index built from them --------------------------------------
@@ -61,14 +69,15 @@ def _cached(cache: PrefixCache, rid: str, tokens: list[int]) -> None:
 
 
 def _settle(cache: PrefixCache, hub: KvEventHub, q: Any, index: KvIndex) -> list[list[Any]]:
+    """The events since the last call, applied to ``index``; returned as they travel (arrays)."""
     cache.finish_transfers(cache.take_transfers())
     hub.drain()
-    events: list[list[Any]] = []
+    events: list[KvEvent] = []
     while not q.empty():
         events += q.get_nowait()
     index.apply("w", events)
     index.check_integrity()
-    return events
+    return msgspec.to_builtins(events)
 
 
 def test_tier_events_follow_offload_restore_and_host_drops() -> None:
@@ -112,16 +121,16 @@ def test_index_prefers_device_holders_but_counts_host_blocks() -> None:
     ids = list(range(3 * BS + 1))
     keys = [k.hex() for k in block_keys(root_key("t"), ids, BS, 0, 3)]
     index = KvIndex()
-    index.apply("a", [[STORED, "ns", k, None] for k in keys])
-    index.apply("b", [[STORED, "ns", k, None] for k in keys[:2]])
+    index.apply("a", kv_events([[STORED, "ns", k, None] for k in keys]))
+    index.apply("b", kv_events([[STORED, "ns", k, None] for k in keys[:2]]))
     assert index.longest("t", ids, BS) == (3, frozenset({"a"}))
-    index.apply("a", [[TIER, keys[2], "host"], [REMOVED, keys[2]]])
+    index.apply("a", kv_events([[TIER, keys[2], "host"], [REMOVED, keys[2]]]))
     assert index.longest("t", ids, BS) == (3, frozenset({"a"}))  # a copy-in beats recompute
-    index.apply("b", [[STORED, "ns", keys[2], None]])
+    index.apply("b", kv_events([[STORED, "ns", keys[2], None]]))
     assert index.longest("t", ids, BS) == (3, frozenset({"b"}))  # same depth: device first
-    index.apply("a", [[TIER, keys[2], None]])
+    index.apply("a", kv_events([[TIER, keys[2], None]]))
     assert index.tiers(keys[2]) == {"b": DEVICE}
-    index.apply("b", [[REMOVED, keys[2]], [TIER, keys[1], "host"]])
+    index.apply("b", kv_events([[REMOVED, keys[2]], [TIER, keys[1], "host"]]))
     assert index.longest("t", ids, BS) == (2, frozenset({"a", "b"}))
     assert index.tiers(keys[1]) == {"a": DEVICE, "b": DEVICE | HOST}
     index.check_integrity()
@@ -154,7 +163,7 @@ async def test_pins_report_their_tier_per_worker_through_a_real_worker(
         await engine.start()
         try:
             ids = _prompt(7, 5)
-            pin = await engine.pin_tenant("acme", "acme-salt", ids)
+            pin = await engine.pin("acme", "acme-salt", ids)
             assert pin.tiers(engine.healthy()) == {"h0": "host"} and pin.tier == "host"
             assert cluster_report(engine)["tenants"]["acme"]["pin_tiers"] == {"h0": "host"}
             info = _cache_info(engine, pin, len(ids))
@@ -174,7 +183,7 @@ async def test_pins_report_their_tier_per_worker_through_a_real_worker(
             await engine.shutdown()
         await client.unpin(other)
         assert (await client.load()).stats.blocks_pinned == 0
-        client.close()
+        await client.close()
 
 
 def _cache_info(engine: Any, pin: Any, prefix_tokens: int) -> dict[str, Any]:

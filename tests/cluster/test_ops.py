@@ -200,3 +200,23 @@ def test_compose_publishes_only_the_api_and_needs_a_generated_worker_token() -> 
         assert "ports" not in services[w]
         token = services[w]["environment"]["KVGATE_WORKER_TOKEN"]
         assert re.fullmatch(r"\$\{KVGATE_WORKER_TOKEN:\?[^}]+\}", token), token  # no default
+
+
+def test_deployments_open_the_worker_transport_port() -> None:
+    """The gateways' calls go to the transport port (--port + 1 by default, announced in
+    /v1/info): the StatefulSet, its Service, the NetworkPolicy and compose all carry it."""
+    from engine.worker.main import transport_port_for
+
+    transport = transport_port_for(8100)
+    (sts,) = by_kind("StatefulSet")
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    assert {"name": "transport", "containerPort": transport} in c["ports"]
+    (svc,) = [s for s in by_kind("Service") if s["metadata"]["name"] == "kvgate-worker"]
+    assert {"name": "transport", "port": transport, "targetPort": "transport"} in svc["spec"][
+        "ports"
+    ]
+    (rule,) = _policy("kvgate-worker")["spec"]["ingress"]
+    assert {"protocol": "TCP", "port": transport} in rule["ports"]
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    workers = [s for s in compose["services"].values() if s.get("command", [None])[0] == "worker"]
+    assert all(str(transport) in w["expose"] for w in workers)

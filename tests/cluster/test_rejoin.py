@@ -43,7 +43,7 @@ async def test_pins_converge_to_the_placement_after_a_worker_joins(demo_model_di
         # 14 tenants x 12 blocks = 168: two workers (budget 64 each) hold 10, three hold all.
         # Pinned concurrently, as tenants activated at once are: their reconciles overlap.
         pins = await asyncio.gather(
-            *(eng.pin_tenant(f"t{i}", f"ns-join-{i}", prompt(i, 12)) for i in range(14))
+            *(eng.pin(f"t{i}", f"ns-join-{i}", prompt(i, 12)) for i in range(14))
         )
         assert await settled_within(eng, 20 * HEALTH_S)
         assert sum(1 for p in pins if p.workers(eng.healthy())) == 10

@@ -7,6 +7,7 @@ import itertools
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from engine.api import GenerateOptions
 from engine.kv import PinHandle
 from gateway.cluster.client import WorkerInfo
 from gateway.cluster.members import Member
@@ -33,16 +34,10 @@ class RecordingWorker:
         del self.pinned[handle.pin_id]
 
     async def generate(
-        self,
-        token_ids: Sequence[int],
-        params: Any,
-        *,
-        namespace: str,
-        request_id: str,
-        interim: bool = True,
+        self, token_ids: Sequence[int], params: Any, options: GenerateOptions
     ) -> AsyncIterator[None]:
-        assert params.max_tokens == 1 and not interim
-        self.prefilled.append(namespace)
+        assert params.max_tokens == 1 and not options.interim
+        self.prefilled.append(options.namespace)
         yield None
 
 

@@ -6,8 +6,10 @@ import asyncio
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import pytest
 
+from engine.api import GenerateOptions
 from engine.params import SamplingParams
 from gateway.cluster.client import WorkerClient
 from gateway.cluster.local import LocalWorker
@@ -50,8 +52,15 @@ async def test_generate_matches_the_in_process_engine(
     want = eng.generate([prompt], params, namespace="parity")[0]
     async with aiohttp.ClientSession() as http:
         client = WorkerClient(three_workers[0].url, TOKEN, http)
-        outs = [o async for o in client.generate(prompt, params, namespace="p", request_id="r1")]
-        ends = client.generate(prompt, params, namespace="p2", request_id="r2", interim=False)
+        outs = [
+            o
+            async for o in client.generate(
+                prompt, params, GenerateOptions(namespace="p", request_id="r1")
+            )
+        ]
+        ends = client.generate(
+            prompt, params, GenerateOptions(namespace="p2", request_id="r2", interim=False)
+        )
         ends_only = [o async for o in ends]
     # without interim outputs: two frames, the same tokens and logprob entries
     assert len(outs) == 6 and len(ends_only) == 2
@@ -75,7 +84,9 @@ async def test_leaving_a_stream_aborts_the_request_on_the_worker(
     params = SamplingParams(max_tokens=1500, temperature=0.0, ignore_eos=True)
     async with aiohttp.ClientSession() as http:
         client = WorkerClient(three_workers[1].url, TOKEN, http)
-        stream = client.generate([5, 6, 7, 8], params, namespace="abort", request_id="long")
+        stream = client.generate(
+            [5, 6, 7, 8], params, GenerateOptions(namespace="abort", request_id="long")
+        )
         first = await anext(stream)
         assert not first.finished
         load = await client.load()
@@ -98,13 +109,15 @@ async def test_kv_events_name_the_blocks_a_request_stored(
         seen: set[str] = set()
 
         async def collect() -> None:
-            async for batch in events:
-                seen.update(e[2] for e in batch if e[0] == "s")
+            async for batch in events:  # as the events travel: arrays
+                seen.update(e[2] for e in msgspec.to_builtins(batch) if e[0] == "s")
 
         task = asyncio.create_task(collect())
         await asyncio.sleep(0.2)  # subscribed
         params = SamplingParams(max_tokens=1, temperature=0.0)
-        async for _ in client.generate(prompt, params, namespace="ev", request_id="ev1"):
+        async for _ in client.generate(
+            prompt, params, GenerateOptions(namespace="ev", request_id="ev1")
+        ):
             pass
         want = {k.hex() for k in block_keys(root_key("ev"), prompt, 16, 0, 3)}
         async with asyncio.timeout(5):

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gateway.cluster.bootstrap import fetch_bootstrap, tokenizer_from_payload
+from gateway.cluster.bootstrap import fetch_bootstrap
 from gateway.cluster.engine import ClusterEngine
 from gateway.cluster.loadstats import LoadStats
 from gateway.cluster.local import LocalWorker
@@ -50,5 +50,5 @@ async def cluster_engine(workers: list[LocalWorker], **kwargs: Any) -> ClusterEn
     info, payload = await fetch_bootstrap(urls, TOKEN, 10.0)
     kwargs.setdefault("health_s", 0.3)
     stats = LoadStats(None, "", kwargs.pop("load_window_s", 10.0))
-    tokenizer = tokenizer_from_payload(payload)
+    tokenizer = payload.build()
     return ClusterEngine(urls, TOKEN, tokenizer=tokenizer, info=info, load_stats=stats, **kwargs)

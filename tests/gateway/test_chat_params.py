@@ -13,6 +13,7 @@ import pytest
 import pytest_asyncio
 import torch
 
+from engine.api import DEFAULT_OPTIONS, GenerateOptions
 from gateway.chat.response_models import ChatCompletion, ChatCompletionChunk
 from tests.gateway.harness import (
     LiveGateway,
@@ -54,12 +55,14 @@ class Recorder:
         self.interim: list[bool] = []  # whether each request asked for interim outputs
         self._generate = engine.generate
 
-    async def generate(self, token_ids: Sequence[int], params: Any, **kw: Any) -> AsyncIterator:
+    async def generate(
+        self, token_ids: Sequence[int], params: Any, options: GenerateOptions = DEFAULT_OPTIONS
+    ) -> AsyncIterator:
         out: list[int] = []
         self.calls.append((list(token_ids), out))
-        self.interim.append(kw.get("interim", True))
+        self.interim.append(options.interim)
         self.outputs.append(0)
-        async for item in self._generate(token_ids, params, **kw):
+        async for item in self._generate(token_ids, params, options):
             self.outputs[-1] += 1
             out += item.new_token_ids
             yield item

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 
 import pytest
 
+from engine.api import DEFAULT_OPTIONS as DEFAULT
+from engine.api import GenerateOptions
 from engine.kv import CacheScope
 from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from engine.params import SamplingParams
 from gateway.chat.generation import ChoiceGroup
+from tests.fake_engine import FakeEngine
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +22,7 @@ def tokenizer(demo_model_dir: Path) -> Tokenizer:
     return Tokenizer.from_pretrained(demo_model_dir)
 
 
-class _Engine:
+class _Engine(FakeEngine):
     """Each request streams the tokens of ``texts[seed]`` one per output, with logprobs, and
     ends with EOS (finish "stop")."""
 
@@ -31,17 +34,11 @@ class _Engine:
         self.closed: list[str] = []
 
     async def generate(
-        self,
-        ids: Sequence[int],
-        params: SamplingParams,
-        *,
-        namespace: str,
-        request_id: str,
-        interim: bool = True,
-        cache_scope: CacheScope | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        self.calls.append((request_id, namespace, params))
-        self.scopes.append(cache_scope)
+        self, ids: Sequence[int], params: SamplingParams, options: GenerateOptions = DEFAULT
+    ) -> AsyncGenerator[RequestOutput, None]:
+        request_id = options.request_id or "unnamed"
+        self.calls.append((request_id, options.namespace, params))
+        self.scopes.append(options.cache_scope)
         tokens = [*self.tok.encode(self.texts[params.seed or 0]), self.tok.eos_token_ids[0]]
         done: list[int] = []
         try:
@@ -72,10 +69,8 @@ async def test_choices_run_with_their_seeds_and_combine(tokenizer: Tokenizer) ->
         tokenizer,
         [1, 2, 3, 4],
         params,
+        GenerateOptions("ns", "r", cache_scope=visitor),
         n=3,
-        namespace="ns",
-        request_id="r",
-        cache_scope=visitor,
     )
     await group.start()
     assert [(rid, ns, p.seed) for rid, ns, p in engine.calls] == [
@@ -108,7 +103,7 @@ async def test_stop_string_finish_reaches_the_combined_stats(tokenizer: Tokenize
     engine = _Engine(tokenizer, {1: "hello world again", 2: "hello there"})
     params = SamplingParams(max_tokens=20, seed=1)
     group = ChoiceGroup(
-        engine, tokenizer, [1], params, n=n, namespace="ns", request_id="q", stops=["wor"]
+        engine, tokenizer, [1], params, GenerateOptions("ns", "q"), n=n, stops=["wor"]
     )
     await group.start()
     results = await group.results()
@@ -120,7 +115,7 @@ async def test_stop_string_finish_reaches_the_combined_stats(tokenizer: Tokenize
 async def test_leaving_the_stream_early_closes_every_choice(tokenizer: Tokenizer) -> None:
     engine = _Engine(tokenizer, {0: "a b c d e f g h", 1: "i j k l m n o p"})
     group = ChoiceGroup(
-        engine, tokenizer, [1], SamplingParams(seed=0), n=2, namespace="ns", request_id="z"
+        engine, tokenizer, [1], SamplingParams(seed=0), GenerateOptions("ns", "z"), n=2
     )
     await group.start()
     pieces = group.pieces()
@@ -137,7 +132,7 @@ async def test_a_stream_keeps_no_logprobs_once_sent(tokenizer: Tokenizer, stream
     engine = _Engine(tokenizer, {3: "hello world", 4: "good morning"})
     params = SamplingParams(max_tokens=20, seed=3, logprobs=0)
     group = ChoiceGroup(
-        engine, tokenizer, [1], params, n=2, namespace="ns", request_id="s", streamed=streamed
+        engine, tokenizer, [1], params, GenerateOptions("ns", "s"), n=2, streamed=streamed
     )
     await group.start()
     want = {0: len(tokenizer.encode("hello world")), 1: len(tokenizer.encode("good morning"))}
@@ -156,7 +151,7 @@ async def test_group_stats_fold_every_update_exactly(tokenizer: Tokenizer) -> No
     """The O(1) fold of each choice's update gives what summing over all choices gives."""
     engine = _Engine(tokenizer, {0: "a b c", 1: "d e f g h i", 2: "j"})
     group = ChoiceGroup(
-        engine, tokenizer, [1, 2], SamplingParams(seed=0), n=3, namespace="ns", request_id="f"
+        engine, tokenizer, [1, 2], SamplingParams(seed=0), GenerateOptions("ns", "f"), n=3
     )
     await group.start()
     async for _piece in group.pieces():

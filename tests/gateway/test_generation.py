@@ -4,7 +4,7 @@ characters, invalid bytes, special tokens and an incomplete character at the end
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -13,10 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.api import DEFAULT_OPTIONS, GenerateOptions
 from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.params import SamplingParams
 from gateway.chat.generation import Generation
+from tests.fake_engine import FakeEngine
 
 PROPERTY = settings(
     max_examples=300,
@@ -32,14 +34,16 @@ def tokenizer(demo_model_dir: Path) -> Tokenizer:
     return Tokenizer.from_pretrained(demo_model_dir)
 
 
-class _ScriptedEngine:
+class _ScriptedEngine(FakeEngine):
     """Yields the given steps of token ids as AsyncEngine outputs; the last one finishes."""
 
     def __init__(self, steps: Sequence[Sequence[int]], finish_reason: str) -> None:
         self.steps = steps
         self.finish_reason = finish_reason
 
-    async def generate(self, token_ids: Sequence[int], params: Any, **_: Any) -> AsyncIterator:
+    async def generate(
+        self, token_ids: Sequence[int], params: Any, options: GenerateOptions = DEFAULT_OPTIONS
+    ) -> AsyncGenerator[RequestOutput, None]:
         done: list[int] = []
         for i, step in enumerate(self.steps):
             done += step
@@ -58,7 +62,7 @@ class _ScriptedEngine:
 
 async def _answer(tok: Tokenizer, engine: _ScriptedEngine, stream: bool) -> tuple[str, Any]:
     params = SamplingParams(max_tokens=64)
-    gen = Generation(engine, tok, [1, 2, 3], params, namespace="n", request_id="r")
+    gen = Generation(engine, tok, [1, 2, 3], params, GenerateOptions("n", "r"))
     await gen.start()
     if stream:
         text = "".join([delta async for delta in gen.text()])

@@ -6,11 +6,11 @@ import asyncio
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 from sqlalchemy import update
 
+from engine.api import LocalPin, PinTicket
+from engine.kv import PinHandle
 from engine.snapshot import namespace_digest
 from gateway.pins import PINNED, PinManager
 from tenants.models import ApiKey
@@ -18,6 +18,7 @@ from tenants.runtime import TenantRuntime
 from tenants.schemas import KeyCreate, TenantCreate
 from tenants.settings import DEFAULT_LIMITS
 from tenants.store import TenantStore
+from tests.fake_engine import FakeEngine
 from tests.gateway.harness import live_gateway, make_settings, wait_for
 
 PROMPT = "{n}: company handbook section; always be accurate, cite the policy, stay polite. " * 4
@@ -149,19 +150,20 @@ class CountingTokenizer:
         return [ord(c) for c in text]
 
 
-class GatedPinEngine:
-    """``pin_prefix`` waits until ``release`` is set, like a prefill that takes a while."""
+class GatedPinEngine(FakeEngine):
+    """``pin`` waits until ``release`` is set, like a prefill that takes a while (the pin
+    calls of ``EngineClient``; the manager calls nothing else here)."""
 
     def __init__(self) -> None:
         self.release = asyncio.Event()
         self.pinned: list[tuple[str, list[int]]] = []
 
-    async def pin_prefix(self, namespace: str, ids: list[int]) -> Any:
+    async def pin(self, owner: str, namespace: str, ids: Sequence[int]) -> PinTicket:
         await self.release.wait()
-        self.pinned.append((namespace, ids))
-        return SimpleNamespace(block_ids=(0,), num_tokens=len(ids))
+        self.pinned.append((namespace, list(ids)))
+        return LocalPin(owner, PinHandle(0, namespace, (0,), len(ids)))
 
-    async def unpin(self, handle: Any) -> None:
+    async def unpin(self, ticket: PinTicket) -> None:
         pass
 
 
