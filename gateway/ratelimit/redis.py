@@ -3,8 +3,9 @@
 Exact across replicas because the whole decision (read TATs of every scope, check, write) runs
 inside Redis as one script with the server's clock. The script is sent by SHA; after a Redis
 restart or SCRIPT FLUSH the NOSCRIPT error falls back to EVAL with the source, which also caches
-it again. The script calls go through ``calls.ScriptCalls`` (pooled connections, no command
-layer); ``client`` serves everything else (script load, ping, inspection).
+it again. The script calls go through ``calls.ScriptCalls`` (redis-py's command API on a client
+of their own: one deadline per call, bounded connections, one retry of a stale connection);
+``client`` serves everything else (script load, ping, inspection).
 
 Keys, all under the tenant's hash tag (one cluster slot, so one script may touch them all)::
 
@@ -133,8 +134,8 @@ class RedisLimiter:
         return int(await self.client.zcard(f"{base}:leases"))
 
     async def drop_connections(self) -> None:
-        """Close pooled script connections (after an outage they are stale)."""
-        await self._calls.close()
+        """Close idle script connections (after an outage they are stale)."""
+        await self._calls.drop_idle()
 
     async def warm(self) -> None:
         """Connect and load the script, so the first admission is one EVALSHA like the rest."""
