@@ -320,10 +320,10 @@ async def _count_redis_commands(redis_url: str, setup: _Setup, model: str, n: in
 
 async def _limiter_rtt(redis_url: str, n: int = 200) -> dict[str, float]:
     """Bare admission latency of the Redis limiter (one EVALSHA), for context."""
-    from gateway.ratelimit import Limits, RedisLimiter, make_client
+    from gateway.ratelimit import Limits, RedisLimiter
     from gateway.ratelimit.types import Lease
 
-    lim = RedisLimiter(make_client(redis_url, 2.0), "kvgate-bench:")
+    lim = RedisLimiter.connect(redis_url, 2.0, "kvgate-bench:")
     await lim.warm()
     limits = Limits(rpm=10_000_000, tpm=1_000_000_000, max_concurrency=1000)
     times = []

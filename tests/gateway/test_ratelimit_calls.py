@@ -11,8 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.exceptions import TimeoutError as RedisTimeout
 
-from gateway.ratelimit import make_client
-from gateway.ratelimit.calls import MAX_CONNECTIONS, ScriptCalls
+from gateway.ratelimit.calls import MAX_CONNECTIONS, ScriptCalls, make_script_client
 
 
 class ScriptedRedis:
@@ -83,6 +82,11 @@ async def _read_command(reader: asyncio.StreamReader) -> list[bytes] | None:
     return args
 
 
+def _calls(scripted: ScriptedRedis, timeout_s: float) -> ScriptCalls:
+    """As ``RedisLimiter.connect`` makes them: their own client, one deadline per call."""
+    return ScriptCalls(make_script_client(scripted.url, timeout_s), "return 1", timeout_s)
+
+
 @pytest.fixture
 async def scripted() -> AsyncIterator[ScriptedRedis]:
     server = ScriptedRedis()
@@ -101,7 +105,7 @@ async def _settle(cond) -> None:  # type: ignore[no-untyped-def]
 async def test_a_reply_that_comes_after_the_timeout_never_reaches_the_next_call(
     scripted: ScriptedRedis,
 ) -> None:
-    calls = ScriptCalls(make_client(scripted.url, 0.1), "return 1")
+    calls = _calls(scripted, 0.1)
     scripted.delays["late"] = 0.4
     t0 = time.monotonic()
     with pytest.raises(RedisTimeout):
@@ -114,7 +118,7 @@ async def test_a_reply_that_comes_after_the_timeout_never_reaches_the_next_call(
 
 
 async def test_a_cancelled_call_closes_its_connection(scripted: ScriptedRedis) -> None:
-    calls = ScriptCalls(make_client(scripted.url, 5.0), "return 1")
+    calls = _calls(scripted, 5.0)
     scripted.delays["never"] = None
     task = asyncio.ensure_future(calls.run(["k"], ["never"]))
     await _settle(lambda: scripted.connections == 1)
@@ -132,7 +136,7 @@ async def test_a_cancelled_call_closes_its_connection(scripted: ScriptedRedis) -
 async def test_connections_are_reused_and_a_burst_shares_at_most_max_connections(
     scripted: ScriptedRedis,
 ) -> None:
-    calls = ScriptCalls(make_client(scripted.url, 5.0), "return 1")
+    calls = _calls(scripted, 5.0)
     for i in range(3):
         assert await calls.run(["k"], [f"seq{i}"]) == f"seq{i}".encode()
     assert scripted.connections == 1
@@ -155,7 +159,7 @@ async def test_a_connection_closed_by_the_server_is_retried_once(
     scripted: ScriptedRedis,
 ) -> None:
     """A restart closes every pooled connection: the next call reconnects and succeeds."""
-    calls = ScriptCalls(make_client(scripted.url, 5.0), "return 1")
+    calls = _calls(scripted, 5.0)
     assert await calls.run(["k"], ["before"]) == b"before"
     await scripted.drop_connections()
     assert await calls.run(["k"], ["after"]) == b"after"
