@@ -4,8 +4,9 @@ Side by side in one run, interleaved request by request (so machine noise hits b
 
     direct    AsyncEngine.generate(prompt ids, namespace=tenant salt, cache_scope=the scope the
               gateway gives the bench's server key)                        (no HTTP)
-    gateway   POST /v1/chat/completions on loopback (auth, prompt assembly, rate limit, engine,
-              JSON), once with the Redis limiter and once with the in-process limiter
+    gateway   POST /v1/chat/completions on loopback, on the HTTP layer ``kvgate serve`` runs
+              (gateway/http; auth, prompt assembly, rate limit, engine, JSON), once with the
+              Redis limiter and once with the in-process limiter
     workers   the same gateway (Redis limiter) with its engine in a worker process, as
               ``kvgate serve`` runs it (gateway/cluster/ -> engine/worker/, generate streams over
               a Unix domain socket)
@@ -85,7 +86,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 class _Setup:
     """A gateway app on loopback + the engine it wraps + one tenant with a pinned prompt."""
 
-    def __init__(self, app: web.Application, runner: web.AppRunner, url: str) -> None:
+    def __init__(self, app: web.Application, runner: Any, url: str) -> None:
         self.app, self.runner, self.url = app, runner, url
         self.key = ""
         self.salt = ""
@@ -95,12 +96,13 @@ class _Setup:
 
 async def _start(settings: Any, engine: Any) -> _Setup:
     from gateway.app import create_app
+    from gateway.http import make_runner
 
     app = create_app(settings, engine=engine)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # the HTTP layer `kvgate serve` runs (gateway/http), with its default read deadlines
+    runner = make_runner(app, 10.0, 30.0, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    await runner.listen_tcp("127.0.0.1", 0)
     host, port = runner.addresses[0][:2]
     return _Setup(app, runner, f"http://{host}:{port}")
 

@@ -26,8 +26,6 @@ from aiohttp import web
 from gateway.errors import ApiError, error_middleware
 from gateway.http import (
     AiohttpRedaction,
-    GatewayProtocol,
-    GatewayServer,
     content_encoding_middleware,
     install_log_redaction,
     make_runner,
@@ -68,8 +66,7 @@ def make_app() -> web.Application:
 async def port() -> AsyncIterator[int]:
     runner = make_runner(make_app(), HEADER_S, BODY_S, shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    await runner.listen_tcp("127.0.0.1", 0)
     yield runner.addresses[0][1]
     await runner.cleanup()
 
@@ -343,20 +340,6 @@ async def test_refusals_carry_a_request_id_and_one_log_line(port: int) -> None:
     ]
     assert [e["request_id"] for e in refused] == [r.headers["x-request-id"] for r in replies]
     assert refused[1]["route"] == "POST /echo"
-
-
-async def test_the_runner_serves_gateway_protocols() -> None:
-    """Tripwire for the aiohttp internals gateway/http.py relies on."""
-    runner = make_runner(make_app(), 1.0, 1.0)
-    await runner.setup()
-    try:
-        server = runner.server
-        assert isinstance(server, GatewayServer)
-        proto = server()
-        assert isinstance(proto, GatewayProtocol)
-        assert proto.keepalive_timeout == 75.0
-    finally:
-        await runner.cleanup()
 
 
 # -- run_app: what `kvgate serve` runs ----------------------------------------------------------
