@@ -236,7 +236,7 @@ class RequestFraming:
             self._stop(error)
         self._chunked = self._te is not None
         has_body = self._chunked or self._length > 0
-        if has_body and self._encoding in UNDECODABLE:
+        if self._encoding in UNDECODABLE:  # aiohttp sets its decoder up even with no body
             self._stop(unsupported_encoding())
         if has_body and self._encoding == b"deflate":
             self._deflate = DeflateEnd()

@@ -16,7 +16,8 @@ the protocol that aiohttp's ``web.Server`` makes.
 * **Header deadline.** A request's head must be complete ``header_s`` after its first byte (a new
   connection's first request: after the connection opened); past it the client gets a 408
   (nothing at all if it sent nothing) and the connection is closed. While aiohttp is still
-  answering an earlier request the deadline is extended: the client is not the one late.
+  answering an earlier request the deadline does not pass, and it starts again once that answer
+  is written: the client is not the one late.
 * **Body deadline.** The body must be complete ``body_s`` after it was passed on (aiohttp started
   on the request). Past it: a 408 if aiohttp has written nothing for the request yet (its
   handler waits for the body), else the connection is closed (the answer went out while the
@@ -215,6 +216,10 @@ class FrontProtocol(asyncio.Protocol):
 
     def _done(self) -> None:
         self._busy = False
+        if self._incoming is not None and self._header_timer is not None:
+            # A head that was waiting behind aiohttp's answer gets its full time from now.
+            self._cancel_header_timer()
+            self._arm_header_timer()
         self._advance()
         self._update_reading()
 
