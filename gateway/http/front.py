@@ -21,7 +21,8 @@ the protocol that aiohttp's ``web.Server`` makes.
 * **Body deadline.** The body must be complete ``body_s`` after it was passed on (aiohttp started
   on the request). Past it: a 408 if aiohttp has written nothing for the request yet (its
   handler waits for the body), else the connection is closed (the answer went out while the
-  rest of the body never came, or it is being streamed and cannot be completed).
+  rest of the body never came, it is being streamed and cannot be completed, or aiohttp wrote
+  an interim ``100 Continue`` and the body did not follow).
 * **Malformed requests** (framing.py) are answered 400 / 405 / 415 in order: after the answers to
   the requests before them. Every answer of the front is OpenAI-shaped, carries ``x-request-id``,
   closes the connection, never quotes the request, and is logged as one ``request_refused`` line.
