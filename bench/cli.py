@@ -15,6 +15,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "load": ("bench.load", "request-rate sweep through AsyncEngine, reuse on vs off"),
     "kernels": ("bench.kernels", "Triton kernels vs torch SDPA (GPU; CPU dry run)"),
     "gateway": ("bench.gateway", "gateway + limiter overhead vs AsyncEngine directly"),
+    "limiter": (
+        "bench.limiter",
+        "Redis limiter acquire + release p50, beside another checkout",
+    ),
     "cluster": ("bench.cluster", "tenant placement over worker processes vs round-robin, hash"),
     "tiers": ("bench.tiers", "host KV tier vs none, restore vs recompute, warm start from disk"),
     "bounds": ("bench.bounds", "largest allowed requests: logprobs memory, stop and n loop cost"),

@@ -4,8 +4,9 @@ Side by side in one run, interleaved request by request (so machine noise hits b
 
     direct    AsyncEngine.generate(prompt ids, namespace=tenant salt, cache_scope=the scope the
               gateway gives the bench's server key)                        (no HTTP)
-    gateway   POST /v1/chat/completions on loopback (auth, prompt assembly, rate limit, engine,
-              JSON), once with the Redis limiter and once with the in-process limiter
+    gateway   POST /v1/chat/completions on loopback, on the HTTP layer ``kvgate serve`` runs
+              (gateway/http; auth, prompt assembly, rate limit, engine, JSON), once with the
+              Redis limiter and once with the in-process limiter
     workers   the same gateway (Redis limiter) with its engine in a worker process, as
               ``kvgate serve`` runs it (gateway/cluster/ -> engine/worker/: the message transport
               over a Unix domain socket)
@@ -80,7 +81,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 class _Setup:
     """A gateway app on loopback + the engine it wraps + one tenant with a pinned prompt."""
 
-    def __init__(self, app: web.Application, runner: web.AppRunner, url: str) -> None:
+    def __init__(self, app: web.Application, runner: Any, url: str) -> None:
         self.app, self.runner, self.url = app, runner, url
         self.key = ""
         self.salt = ""
@@ -90,12 +91,13 @@ class _Setup:
 
 async def _start(settings: Any, engine: Any = None, cluster: Any = None) -> _Setup:
     from gateway.app import create_app
+    from gateway.http import make_runner
 
     app = create_app(settings, engine=engine, cluster=cluster)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # the HTTP layer `kvgate serve` runs (gateway/http), with its default read deadlines
+    runner = make_runner(app, 10.0, 30.0, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    await runner.listen_tcp("127.0.0.1", 0)
     host, port = runner.addresses[0][:2]
     return _Setup(app, runner, f"http://{host}:{port}")
 
@@ -293,10 +295,10 @@ async def _count_redis_commands(redis_url: str, setup: _Setup, model: str, n: in
 
 async def _limiter_rtt(redis_url: str, n: int = 200) -> dict[str, float]:
     """Bare admission latency of the Redis limiter (one EVALSHA), for context."""
-    from gateway.ratelimit import Limits, RedisLimiter, make_client
+    from gateway.ratelimit import Limits, RedisLimiter
     from gateway.ratelimit.types import Lease
 
-    lim = RedisLimiter(make_client(redis_url, 2.0), "kvgate-bench:")
+    lim = RedisLimiter.connect(redis_url, 2.0, "kvgate-bench:")
     await lim.warm()
     limits = Limits(rpm=10_000_000, tpm=1_000_000_000, max_concurrency=1000)
     times = []

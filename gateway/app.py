@@ -45,7 +45,7 @@ from gateway.heap import frozen_startup_heap
 from gateway.http import content_encoding_middleware
 from gateway.openapi import openapi_handler
 from gateway.pins import PinManager
-from gateway.ratelimit import FailoverLimiter, Limiter, MemoryLimiter, RedisLimiter, make_client
+from gateway.ratelimit import FailoverLimiter, Limiter, MemoryLimiter, RedisLimiter
 from gateway.ratelimit.types import LimiterUnavailable
 from gateway.settings import Settings
 from gateway.telemetry import GatewayMetrics, make_tracer, make_tracer_provider
@@ -155,9 +155,7 @@ def make_limiter(settings: Settings) -> Limiter:
     if rl.redis_url is None:
         return MemoryLimiter(rl.lease_ttl_s)
     return FailoverLimiter(
-        RedisLimiter(
-            make_client(rl.redis_url, rl.redis_timeout_s), rl.redis_prefix, rl.lease_ttl_s
-        ),
+        RedisLimiter.connect(rl.redis_url, rl.redis_timeout_s, rl.redis_prefix, rl.lease_ttl_s),
         MemoryLimiter(rl.lease_ttl_s),
         fail_open=rl.fail_open,
         retry_s=rl.redis_retry_s,

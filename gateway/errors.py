@@ -20,7 +20,6 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 from aiohttp import web
-from aiohttp.http_exceptions import ContentEncodingError
 
 log = structlog.get_logger(__name__)
 
@@ -142,9 +141,10 @@ _HTTP_CODES = {
 }
 
 
-def body_error(exc: web.RequestPayloadError) -> ApiError:
-    """A body aiohttp could not read: undecodable for its Content-Encoding, or cut short."""
-    if isinstance(exc.__cause__, ContentEncodingError):
+def body_error(content_encoding: str) -> ApiError:
+    """A body aiohttp could not read. Its framing is whole (gateway/http passes on complete
+    bodies only), so with a Content-Encoding aiohttp decodes it did not decode."""
+    if content_encoding.strip().lower() in ("gzip", "deflate"):
         return ApiError(400, "the request body does not match its Content-Encoding",
                         code="invalid_content_encoding")  # fmt: skip
     return ApiError(400, "the request body could not be read", code="invalid_body")
@@ -160,8 +160,6 @@ def to_http_error(exc: BaseException) -> ApiError | None:
         return ApiError(exc.status, exc.reason or "error", type_=type_, code=code)
     if isinstance(exc, json.JSONDecodeError):
         return ApiError(400, f"request body is not valid JSON: {exc.msg}")
-    if isinstance(exc, web.RequestPayloadError):
-        return body_error(exc)
     return to_api_error(exc)
 
 
@@ -178,6 +176,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 def _expected(request: web.Request, exc: Exception) -> ApiError:
+    if isinstance(exc, web.RequestPayloadError):
+        return body_error(request.headers.get("Content-Encoding", ""))
     err = to_http_error(exc)
     if err is None:
         log.error("unhandled_error", route=route_of(request), error=stack_summary(exc))

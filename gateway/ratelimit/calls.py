@@ -1,16 +1,26 @@
-"""The limiter's script calls on pooled connections: pack, send, read, nothing else.
+"""The limiter's script calls, through redis-py's command API (``Redis.evalsha`` / ``eval``).
 
-Two script calls run per chat request, so their cost is on every request's path. redis-py's
-command layer adds ~40-70 us CPU to each on top of the round trip (pool lock, observability
-hooks, and, with a socket timeout, an extra task per send through ``asyncio.wait_for``). Here the
-connections are still redis-py's own (made by the client's pool class with the client's options:
-URL, TLS, auth, db), but used directly and without a socket timeout: one ``asyncio.timeout``
-covers connect, send and read together. A connection that failed, timed out or was cancelled
-mid-call is closed, never reused (its reply may still be in flight).
+Two script calls run per chat request, so their cost is on every request's path. They run on a
+client of their own (``make_script_client``, from the limiter's URL), configured for that path:
 
-A pooled connection that turns out dead (Redis restarted since it was last used) is retried
-once on a new connection within the same deadline, so one restart costs no failed call per
-stale connection. The retry is safe: the admission script is idempotent per lease id.
+* **One deadline.** No socket timeout (redis-py's adds an ``asyncio.wait_for`` per send and a
+  timeout scope per read, ~70 us a call on Python 3.11); one ``asyncio.timeout`` covers the wait
+  for a connection, connect, send and read together.
+* **Bounded connections.** At most ``MAX_CONNECTIONS`` calls are in flight (a semaphore in front
+  of the pool, so the pool never holds more connections than that); a burst waits for a
+  connection within its deadline instead of opening a socket per call.
+* **A stale connection is retried once.** A pooled connection that Redis closed since its last
+  use (a restart) fails with ``ConnectionError``; redis-py's ``Retry`` (one retry, no backoff,
+  connection errors only) reconnects it and sends the call again, within the same deadline, so
+  one restart costs no failed call per stale connection. The retry is safe: every mode of the
+  script is idempotent per lease id (script.py).
+* **A call interrupted mid-way is never read by the next one.** A timeout or cancellation
+  interrupts redis-py inside send or read, which disconnect the connection on any exception
+  before the pool takes it back; its next user connects again, so a late reply is never read as
+  the answer to another call.
+
+NOSCRIPT (Redis restarted or SCRIPT FLUSH) falls back to EVAL with the source, which also caches
+the script again: one round trip more, once.
 """
 
 from __future__ import annotations
@@ -21,69 +31,55 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeout
+from redis.maint_notifications import MaintNotificationsConfig
 
-MAX_IDLE = 32  # connections kept for reuse; more are made for bursts and closed after
+MAX_CONNECTIONS = 32  # script calls in flight at once, and so connections held
+
+
+def make_script_client(url: str, timeout_s: float) -> aioredis.Redis:
+    """The client ``ScriptCalls`` runs on (see the module docstring)."""
+    return aioredis.Redis.from_url(
+        url,
+        socket_timeout=None,  # the deadline of ``ScriptCalls.run`` instead
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 1, (RedisConnectionError,)),
+        max_connections=MAX_CONNECTIONS,
+        # Redis Enterprise's maintenance hints (relaxed timeouts while a shard moves) are for
+        # clients that wait; this one fails over instead. Off, each call is ~10 us cheaper.
+        maint_notifications_config=MaintNotificationsConfig(enabled=False),
+    )
 
 
 class ScriptCalls:
-    """EVALSHA of one script (EVAL with the source after NOSCRIPT, which caches it again)."""
+    """EVALSHA of one script (EVAL with the source after NOSCRIPT, which caches it again), each
+    call under one deadline of ``timeout_s``."""
 
-    def __init__(self, client: aioredis.Redis, script: str) -> None:
-        pool = client.connection_pool
-        self._make = pool.connection_class
-        self._kwargs = {**pool.connection_kwargs, "socket_timeout": None}
-        self._timeout: float | None = pool.connection_kwargs.get("socket_timeout")
+    def __init__(self, client: aioredis.Redis, script: str, timeout_s: float | None) -> None:
+        self.redis = client
+        self._timeout = timeout_s
+        self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
         self.script = script
         self.sha = hashlib.sha1(script.encode()).hexdigest()
-        self._idle: list[AbstractConnection] = []
 
     async def run(self, keys: Sequence[str], args: Sequence[object]) -> Any:
         try:
-            async with asyncio.timeout(self._timeout):
-                if self._idle:
-                    try:
-                        return await self._run_on(self._idle.pop(), keys, args)
-                    except (RedisConnectionError, ConnectionError):
-                        pass  # stale: Redis closed it since; one more try on a new connection
-                return await self._run_on(self._make(**self._kwargs), keys, args)
+            async with asyncio.timeout(self._timeout), self._slots:
+                try:
+                    return await self.redis.evalsha(self.sha, len(keys), *keys, *args)
+                except NoScriptError:  # an error reply: the connection is still in step
+                    return await self.redis.eval(self.script, len(keys), *keys, *args)
         except TimeoutError:
             raise RedisTimeout(f"no reply from Redis within {self._timeout} s") from None
 
-    async def _run_on(
-        self, conn: AbstractConnection, keys: Sequence[str], args: Sequence[object]
-    ) -> Any:
-        reusable = False
-        try:
-            reply = await self._call(conn, keys, args)
-            reusable = True
-            return reply
-        finally:
-            if reusable and len(self._idle) < MAX_IDLE:
-                self._idle.append(conn)
-            else:
-                await conn.disconnect(nowait=True)
-
-    async def _call(
-        self, conn: AbstractConnection, keys: Sequence[str], args: Sequence[object]
-    ) -> Any:
-        if not conn.is_connected:
-            await conn.connect()
-        try:
-            return await _roundtrip(conn, "EVALSHA", self.sha, len(keys), *keys, *args)
-        except NoScriptError:  # an error reply: the connection is still in step
-            return await _roundtrip(conn, "EVAL", self.script, len(keys), *keys, *args)
+    async def drop_idle(self) -> None:
+        """Close the idle connections (after an outage they are stale); usable again."""
+        await self.redis.connection_pool.disconnect(inuse_connections=False)
 
     async def close(self) -> None:
-        """Close the idle connections (also after an outage: they are stale); usable again."""
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            await conn.disconnect(nowait=True)
-
-
-async def _roundtrip(conn: AbstractConnection, *command: Any) -> Any:
-    await conn.send_packed_command(conn.pack_command(*command), check_health=False)
-    return await conn.read_response()
+        """Close every connection (a later call connects anew)."""
+        await self.redis.connection_pool.disconnect()

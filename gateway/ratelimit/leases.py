@@ -108,8 +108,13 @@ class Renewer:
                 log.debug("ratelimit_renew_failed", error=type(exc).__name__, leases=len(leases))
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        task, self._task = self._task, None
+        while task is not None and not task.done():
+            # Cancelled again while not done: on Python 3.11, asyncio.wait_for (which redis-py
+            # sends with when its client has a socket timeout) can swallow a cancellation
+            # that arrives as the send completes, and the loop would go on.
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
+        if task is not None:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task

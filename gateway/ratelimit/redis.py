@@ -3,8 +3,9 @@
 Exact across replicas because the whole decision (read TATs of every scope, check, write) runs
 inside Redis as one script with the server's clock. The script is sent by SHA; after a Redis
 restart or SCRIPT FLUSH the NOSCRIPT error falls back to EVAL with the source, which also caches
-it again. The script calls go through ``calls.ScriptCalls`` (pooled connections, no command
-layer); ``client`` serves everything else (script load, ping, inspection).
+it again. The script calls go through ``calls.ScriptCalls`` (redis-py's command API on a client
+of their own: one deadline per call, bounded connections, one retry of a stale connection);
+``client`` serves everything else (script load, ping, inspection).
 
 Keys, all under the tenant's hash tag (one cluster slot, so one script may touch them all)::
 
@@ -23,11 +24,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.retry import Retry
 
-from gateway.ratelimit.calls import ScriptCalls
+from gateway.ratelimit.calls import ScriptCalls, make_script_client
 from gateway.ratelimit.leases import Held, LeaseBook, Renewer
 from gateway.ratelimit.script import GCRA_LUA
 from gateway.ratelimit.types import (
@@ -46,12 +47,14 @@ Hints = Callable[[Lease], Sequence[tuple[float, float]] | None]
 
 
 def make_client(url: str, timeout_s: float) -> aioredis.Redis:
-    """A client that fails fast: no retries, short timeouts (the fallback takes over instead)."""
+    """A client that fails fast: short timeouts, and no retry but one of a connection error (a
+    pooled connection that Redis closed since its last use, as a restart does: reconnected and
+    sent again at once); otherwise the fallback takes over."""
     return aioredis.Redis.from_url(
         url,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 0),
+        retry=Retry(NoBackoff(), 1, (RedisConnectionError,)),
         retry_on_timeout=False,
     )
 
@@ -59,11 +62,32 @@ def make_client(url: str, timeout_s: float) -> aioredis.Redis:
 class RedisLimiter:
     backend = "redis"
 
-    def __init__(self, client: aioredis.Redis, prefix: str, lease_ttl_s: float = 30.0) -> None:
+    @classmethod
+    def connect(
+        cls, url: str, timeout_s: float, prefix: str, lease_ttl_s: float = 30.0
+    ) -> RedisLimiter:
+        """The limiter ``kvgate serve`` runs: both clients on ``url``, failing within
+        ``timeout_s``."""
+        scripts = make_script_client(url, timeout_s)
+        return cls(make_client(url, timeout_s), prefix, lease_ttl_s, scripts=scripts)
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        prefix: str,
+        lease_ttl_s: float = 30.0,
+        *,
+        scripts: aioredis.Redis | None = None,
+    ) -> None:
+        """``client`` (``make_client``) for the rare calls; ``scripts`` (``make_script_client``)
+        for the two script calls per request, each under one deadline of ``client``'s socket
+        timeout. Without ``scripts`` they share ``client`` (correct, with its socket timeouts
+        on top: ~70 us more per call)."""
         self.client = client
         self.prefix = prefix
         self._ttl_ms = int(lease_ttl_s * 1000)
-        self._calls = ScriptCalls(client, GCRA_LUA)
+        timeout = client.get_connection_kwargs().get("socket_timeout")
+        self._calls = ScriptCalls(scripts or client, GCRA_LUA, timeout)
         self.book = LeaseBook()
         self.renewer = Renewer(self.book, self.renew, lease_ttl_s / 3)
         self.replica_id = secrets.token_hex(8)
@@ -142,8 +166,8 @@ class RedisLimiter:
         return int(await self.client.zcard(f"{base}:leases"))
 
     async def drop_connections(self) -> None:
-        """Close pooled script connections (after an outage they are stale)."""
-        await self._calls.close()
+        """Close idle script connections (after an outage they are stale)."""
+        await self._calls.drop_idle()
 
     async def warm(self) -> None:
         """Connect and load the script, so the first admission is one EVALSHA like the rest."""
@@ -154,14 +178,13 @@ class RedisLimiter:
         return None
 
     async def ping(self) -> bool:
-        try:
-            return bool(await self.client.ping())
-        except RedisConnectionError:  # a pooled connection from before a restart: once more
-            return bool(await self.client.ping())
+        return bool(await self.client.ping())
 
     async def close(self) -> None:
         await self.renewer.close()
         await self._calls.close()
+        if self._calls.redis is not self.client:
+            await self._calls.redis.aclose()
         await self.client.aclose()
 
 

@@ -3,7 +3,8 @@
 The series are labelled by tenant id, so whoever reads ``/metrics`` can list the tenants and
 their traffic: the endpoint belongs to the operator's network, not to API clients. ``kvgate
 serve`` binds it to ``KVGATE_METRICS_HOST:KVGATE_METRICS_PORT`` (default 127.0.0.1:9464; port 0:
-no listener); the public port answers ``/metrics`` with 404 like any unknown path.
+no listener); the public port answers ``/metrics`` with 404 like any unknown path. It is served on
+the same HTTP layer as the API (gateway/http: read deadlines, quote-free refusals).
 
     render = app[TELEMETRY].metrics.render
     app.cleanup_ctx.append(metrics_listener(listener, render))  # opened and closed with the app
@@ -15,9 +16,11 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
+from gateway.http import GatewayRunner, make_runner
 from gateway.telemetry.metrics import CONTENT_TYPE
 
 Render = Callable[[], bytes]
+HEADER_S, BODY_S = 10.0, 10.0  # a scrape is a small GET
 
 
 class MetricsListener:
@@ -26,7 +29,7 @@ class MetricsListener:
     def __init__(self, host: str, port: int) -> None:
         self.host = host
         self.port = port
-        self._runner: web.AppRunner | None = None
+        self._runner: GatewayRunner | None = None
         self.address: tuple[str, int] | None = None  # bound (host, port) while open
 
     async def start(self, render: Render) -> None:
@@ -35,11 +38,10 @@ class MetricsListener:
 
         app = web.Application()
         app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app, access_log=None)
+        runner = make_runner(app, HEADER_S, BODY_S, access_log=None)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self.port)
-            await site.start()
+            await runner.listen_tcp(self.host, self.port)
         except BaseException:
             await runner.cleanup()
             raise

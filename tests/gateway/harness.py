@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.app import create_app
 from gateway.context import STATE, TELEMETRY
-from gateway.http import make_runner
+from gateway.http import GatewayRunner, make_runner
 from gateway.settings import Settings
 from gateway.telemetry import MetricsListener, metrics_listener
 
@@ -88,7 +88,7 @@ class LiveGateway:
     def __init__(
         self,
         app: web.Application,
-        runner: web.AppRunner,
+        runner: GatewayRunner,
         base_url: str,
         spans: InMemorySpanExporter,
         metrics_url: str = "",
@@ -178,8 +178,7 @@ async def live_gateway(
         shutdown_timeout=shutdown_timeout,
     )
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    await runner.listen_tcp("127.0.0.1", 0)
     host, port = runner.addresses[0][:2]
     gw = LiveGateway(app, runner, f"http://{host}:{port}", spans, metrics.url)
     try:

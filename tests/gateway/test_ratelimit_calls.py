@@ -1,5 +1,5 @@
 """The limiter's pooled script calls: timeouts and cancellations never leave a reply behind for
-the next call, idle connections are reused and bounded. A scripted RESP server stands in for
+the next call, connections are reused and bounded. A scripted RESP server stands in for
 Redis so replies can be delayed or withheld."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.exceptions import TimeoutError as RedisTimeout
 
-from gateway.ratelimit import make_client
-from gateway.ratelimit.calls import MAX_IDLE, ScriptCalls
+from gateway.ratelimit.calls import MAX_CONNECTIONS, ScriptCalls, make_script_client
 
 
 class ScriptedRedis:
@@ -58,6 +57,12 @@ class ScriptedRedis:
             self._writers.discard(writer)
             writer.close()
 
+    async def drop_connections(self) -> None:
+        """Close every client connection (as a restart does), keep listening."""
+        for writer in list(self._writers):
+            writer.close()
+        await _settle(lambda: self.open == 0)
+
     async def close(self) -> None:
         assert self.server is not None
         self.server.close()
@@ -75,6 +80,11 @@ async def _read_command(reader: asyncio.StreamReader) -> list[bytes] | None:
         size = int((await reader.readline())[1:])
         args.append((await reader.readexactly(size + 2))[:-2])
     return args
+
+
+def _calls(scripted: ScriptedRedis, timeout_s: float) -> ScriptCalls:
+    """As ``RedisLimiter.connect`` makes them: their own client, one deadline per call."""
+    return ScriptCalls(make_script_client(scripted.url, timeout_s), "return 1", timeout_s)
 
 
 @pytest.fixture
@@ -95,7 +105,7 @@ async def _settle(cond) -> None:  # type: ignore[no-untyped-def]
 async def test_a_reply_that_comes_after_the_timeout_never_reaches_the_next_call(
     scripted: ScriptedRedis,
 ) -> None:
-    calls = ScriptCalls(make_client(scripted.url, 0.1), "return 1")
+    calls = _calls(scripted, 0.1)
     scripted.delays["late"] = 0.4
     t0 = time.monotonic()
     with pytest.raises(RedisTimeout):
@@ -108,7 +118,7 @@ async def test_a_reply_that_comes_after_the_timeout_never_reaches_the_next_call(
 
 
 async def test_a_cancelled_call_closes_its_connection(scripted: ScriptedRedis) -> None:
-    calls = ScriptCalls(make_client(scripted.url, 5.0), "return 1")
+    calls = _calls(scripted, 5.0)
     scripted.delays["never"] = None
     task = asyncio.ensure_future(calls.run(["k"], ["never"]))
     await _settle(lambda: scripted.connections == 1)
@@ -123,20 +133,35 @@ async def test_a_cancelled_call_closes_its_connection(scripted: ScriptedRedis) -
     await _settle(lambda: scripted.open == 0)
 
 
-async def test_connections_are_reused_and_at_most_max_idle_are_kept(
+async def test_connections_are_reused_and_a_burst_shares_at_most_max_connections(
     scripted: ScriptedRedis,
 ) -> None:
-    calls = ScriptCalls(make_client(scripted.url, 5.0), "return 1")
+    calls = _calls(scripted, 5.0)
     for i in range(3):
         assert await calls.run(["k"], [f"seq{i}"]) == f"seq{i}".encode()
     assert scripted.connections == 1
 
-    burst = MAX_IDLE + 8
+    burst = MAX_CONNECTIONS + 8
     for i in range(burst):
-        scripted.delays[f"burst{i}"] = 0.1  # all in flight at once
+        scripted.delays[f"burst{i}"] = 0.1  # all issued at once
     replies = await asyncio.gather(*(calls.run(["k"], [f"burst{i}"]) for i in range(burst)))
     assert replies == [f"burst{i}".encode() for i in range(burst)]
-    assert scripted.connections == burst
-    await _settle(lambda: scripted.open == MAX_IDLE)
+    assert scripted.connections == MAX_CONNECTIONS  # the rest waited for one, within the deadline
+    assert scripted.open == MAX_CONNECTIONS
+    await calls.drop_idle()
+    await _settle(lambda: scripted.open == 0)
+    assert await calls.run(["k"], ["again"]) == b"again"  # usable after dropping its connections
     await calls.close()
     await _settle(lambda: scripted.open == 0)
+
+
+async def test_a_connection_closed_by_the_server_is_retried_once(
+    scripted: ScriptedRedis,
+) -> None:
+    """A restart closes every pooled connection: the next call reconnects and succeeds."""
+    calls = _calls(scripted, 5.0)
+    assert await calls.run(["k"], ["before"]) == b"before"
+    await scripted.drop_connections()
+    assert await calls.run(["k"], ["after"]) == b"after"
+    assert scripted.connections == 2
+    await calls.close()

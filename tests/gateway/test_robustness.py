@@ -27,7 +27,6 @@ import aiohttp
 import pytest
 import pytest_asyncio
 import structlog
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -211,7 +210,7 @@ async def served(settings: Any, model_dir: Path) -> AsyncIterator[LiveGateway]:
     await runner.setup()
     live = None
     try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        await runner.listen_tcp("127.0.0.1", 0)
         host, port = runner.addresses[0][:2]
         live = LiveGateway(app, runner, f"http://{host}:{port}", InMemorySpanExporter())
         await app[STATE].pins.ready.wait()
