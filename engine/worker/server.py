@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from engine.worker.events import KvEventHub
 from engine.worker.load import LoadTracker
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
 
 EVENT_INTERVAL_S = 0.05
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 
 @dataclass
