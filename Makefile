@@ -24,22 +24,29 @@ serve: $(STAMP)
 	$(BIN)/kvgate serve $(ARGS)
 
 # A second pass holds every CPU kernel to AVX2 (kvgate's GEMM, torch and oneDNN:
-# engine/cpu_isa.py), so an AVX-512 host also tests what an AVX2-only one computes: the CPU GEMM
+# engine/runtime/cpu_isa.py), so an AVX-512 host also tests what an AVX2-only one computes: the CPU GEMM
 # tests, model parity with transformers (tests/engine/model), logprobs, determinism and
 # the async engine. The real default model's parity test (tests/e2e) stays in the first pass only:
 # it takes minutes, and tests/engine/model checks the same decoder and GGUF dequantization.
-CPU_ISA_TESTS := tests/kernels/test_cpu_gemm.py tests/engine/model \
+CPU_ISA_TESTS := tests/kernels/test_cpu_gemm.py tests/kernels/test_cpu_qgemm.py \
+	tests/kernels/test_cpu_ops.py tests/engine/model \
 	tests/engine/test_sampling_engine.py tests/engine/test_determinism.py \
 	tests/engine/test_async_engine.py
 
+# mypy (config: pyproject.toml [tool.mypy]) checks engine/, gateway/ and tenants/ right after ruff,
+# strict (every def annotated, no Any returned for a declared type, no bare generics, no implicit
+# re-export, strict equality, error-coded ignores only); its incremental cache is .mypy_cache
+# (a warm run takes seconds). docs/structure.md, "Type checking".
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 	KVGATE_CPU_ISA=avx2 $(BIN)/python -m pytest -q -p no:cacheprovider $(CPU_ISA_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .ruff_cache
+	rm -rf $(VENV) var .pytest_cache .ruff_cache .mypy_cache

@@ -26,9 +26,9 @@ import torch
 
 from bench.common import RESULTS_DIR, environment, model_dir, print_table, summarize, write_json
 from bench.models import QWEN25_05B
-from engine.engine import Engine
 from engine.params import SamplingParams
-from engine.sampling import Sampler
+from engine.runtime.sampling import Sampler
+from engine.serving.engine import Engine
 
 VOCAB_LO, VOCAB_HI = 10, 150_000
 

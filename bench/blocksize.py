@@ -24,8 +24,8 @@ import torch
 
 from bench.common import RESULTS_DIR, environment, model_dir, print_table, summarize, write_json
 from bench.models import QWEN25_05B
-from engine.engine import Engine
 from engine.params import SamplingParams
+from engine.serving.engine import Engine
 
 CPU = time.process_time
 

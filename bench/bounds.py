@@ -44,7 +44,7 @@ async def _gateway(tmp: Path) -> tuple[Any, Any, str, str]:
     """(app, runner, base url, server key) of a gateway on the demo model and SQLite."""
     from aiohttp import web
 
-    from engine.model.demo import write_demo_model
+    from engine.runtime.model.demo import write_demo_model
     from gateway.app import create_app
     from gateway.settings import Settings
     from tenants.migrate import upgrade_to_head

@@ -33,8 +33,8 @@ from bench.common import (
 )
 from bench.models import QWEN25_05B
 from engine.config import EngineConfig
-from engine.engine import Engine
 from engine.params import SamplingParams
+from engine.serving.engine import Engine
 
 
 def _args(argv: Sequence[str]) -> argparse.Namespace:

@@ -22,7 +22,17 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "cluster": ("bench.cluster", "tenant placement over worker processes vs round-robin, hash"),
     "tiers": ("bench.tiers", "host KV tier vs none, restore vs recompute, warm start from disk"),
     "bounds": ("bench.bounds", "largest allowed requests: logprobs memory, stop and n loop cost"),
+    "ledger": ("bench.ledger", "usage ledger: records/s on PostgreSQL, chat p50 added, reports"),
+    "fairness": ("bench.fairness", "another tenant's TTFT under one tenant's flood, FCFS vs fair"),
     "bias": ("bench.bias", "engine step time with an n-choice logit_bias request vs without"),
+    "tools": (
+        "bench.tools",
+        "a tool loop run by the gateway vs a stateless client loop: time per round, prefill",
+    ),
+    "structured": (
+        "bench.structured",
+        "decode tok/s under a strict JSON schema vs unconstrained; mask and compile times",
+    ),
 }
 
 

@@ -477,7 +477,7 @@ def _print_summary(summary: list[dict[str, Any]]) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    from engine.model.demo import write_demo_model
+    from engine.runtime.model.demo import write_demo_model
     from gateway.settings import TelemetrySettings
     from gateway.telemetry import configure_logging
 

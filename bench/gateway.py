@@ -8,8 +8,8 @@ Side by side in one run, interleaved request by request (so machine noise hits b
               (gateway/http; auth, prompt assembly, rate limit, engine, JSON), once with the
               Redis limiter and once with the in-process limiter
     workers   the same gateway (Redis limiter) with its engine in a worker process, as
-              ``kvgate serve`` runs it (gateway/cluster/ -> engine/worker/: the message transport
-              over a Unix domain socket)
+              ``kvgate serve`` runs it (gateway/cluster/ -> engine/serving/worker/: the message
+              transport over a Unix domain socket)
     workers_tcp  the same over loopback TCP (how a remote worker is reached)
     workers_in_process  workers over the Unix socket with the in-process limiter: what the
               zero-configuration ``kvgate serve`` (no KVGATE_REDIS_URL) runs
@@ -317,7 +317,7 @@ async def _limiter_rtt(redis_url: str, n: int = 200) -> dict[str, float]:
 
 async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from engine import AsyncEngine
-    from engine.model.demo import write_demo_model
+    from engine.runtime.model.demo import write_demo_model
     from gateway.settings import Settings
     from tenants.migrate import upgrade_to_head
 
@@ -341,6 +341,7 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "KVGATE_ADMIN_TOKEN": ADMIN_TOKEN,
                 "KVGATE_KEY_CACHE_TTL_S": "600",
                 "KVGATE_MODEL_NAME": model_dir.resolve().name,
+                "KVGATE_USAGE_SPOOL_DIR": str(tmp / f"spool-{name}"),  # one spool per gateway
                 **extra,
             }
             # One engine for all: the app that starts it first owns it; the others reuse it.
@@ -433,10 +434,10 @@ def _spread(reps: list[dict[str, float]]) -> dict[str, Any]:
 
 def _frame_codec_us(n: int = 20000) -> float:
     """Encode + decode of one decode-step output frame (one token, timings absent), in µs:
-    the worker protocol's codec (engine/worker/messages.py)."""
+    the worker protocol's codec (engine/serving/worker/messages.py)."""
     from engine.outputs import RequestMetrics, RequestOutput
-    from engine.worker import messages as m
-    from engine.worker.transport import output_frame
+    from engine.serving.worker import messages as m
+    from engine.serving.worker.transport import output_frame
 
     out = RequestOutput("r", 30, (1, 2, 3), (3,), 16, False, None, RequestMetrics(0.0))
     t0 = time.perf_counter()

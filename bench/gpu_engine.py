@@ -33,11 +33,11 @@ import torch
 from bench.burst import _burst
 from bench.common import RESULTS_DIR
 from bench.models import QWEN25_05B, Geometry, make_random_model
-from engine.batch import ScheduledBatch, ScheduledSeq
 from engine.config import EngineConfig
-from engine.engine import Engine, EngineCore
+from engine.core.batch import ScheduledBatch, ScheduledSeq
 from engine.params import SamplingParams
-from engine.runner import ModelRunner
+from engine.runtime.runner import ModelRunner
+from engine.serving.engine import Engine, EngineCore
 
 TINY = Geometry(
     hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=1000, max_pos=2048,

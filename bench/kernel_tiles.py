@@ -1,8 +1,8 @@
 """Tile-shape sweep for ``kvgate bench kernels --sweep`` (GPU only).
 
-The kernels' GPU tile shapes (``gpu_tiles`` in engine/kernels/triton/prefill.py and decode.py)
-were chosen without a GPU (compile checks only: no register spills on sm_90). The sweep times a
-few alternatives side by side with the defaults, so one GPU run tells which shapes to keep.
+The kernels' GPU tile shapes (``gpu_tiles`` in engine/runtime/kernels/triton/prefill.py and
+decode.py) were chosen without a GPU (compile checks only: no register spills on sm_90). The sweep
+times a few alternatives side by side with the defaults, so one GPU run tells which shapes to keep.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import statistics
 from collections.abc import Callable, Iterator
 from types import ModuleType
 
-from engine.kernels.triton import decode as decode_mod
-from engine.kernels.triton import prefill as prefill_mod
-from engine.kernels.triton._common import Tiles
+from engine.runtime.kernels.triton import decode as decode_mod
+from engine.runtime.kernels.triton import prefill as prefill_mod
+from engine.runtime.kernels.triton._common import Tiles
 
 PREFILL_CANDIDATES = {
     64: [Tiles(128, 64, 8, 3), Tiles(128, 64, 4, 3), Tiles(128, 128, 8, 3), Tiles(64, 64, 4, 3)],

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.kernels.metadata import AttentionMetadata
+from engine.runtime.kernels.metadata import AttentionMetadata
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -205,7 +205,7 @@ def _sdpa_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.T
 def bench_prefill(
     shape: Shape, w: Workload, args: argparse.Namespace, dev: torch.device, dtype: torch.dtype
 ) -> dict:
-    from engine.kernels.triton import extend_attention
+    from engine.runtime.kernels.triton import extend_attention
 
     b, n = w.prefill_batch, w.prefill_len
     p = make_paged(shape, [0] * b, [n] * b, shared_tokens=0, block_size=args.block_size,
@@ -252,7 +252,7 @@ def bench_prefill(
 def bench_decode(
     shape: Shape, w: Workload, args: argparse.Namespace, dev: torch.device, dtype: torch.dtype
 ) -> dict:
-    from engine.kernels.triton import decode_attention
+    from engine.runtime.kernels.triton import decode_attention
 
     b, c = w.decode_batch, w.decode_context
     p = make_paged(shape, [c] * b, [1] * b, shared_tokens=0, block_size=args.block_size,
@@ -289,7 +289,7 @@ def bench_decode(
 def bench_cascade(
     shape: Shape, w: Workload, args: argparse.Namespace, dev: torch.device, dtype: torch.dtype
 ) -> dict:
-    from engine.kernels.triton import cascade_attention, decode_attention, use_cascade
+    from engine.runtime.kernels.triton import cascade_attention, decode_attention, use_cascade
 
     r, pre, suf = w.cascade_requests, w.cascade_prefix, w.cascade_suffix
     p = make_paged(shape, [pre + suf] * r, [1] * r, shared_tokens=pre,

@@ -11,7 +11,7 @@ Churn: ``--running`` requests decode one token per step (allocate + pending_deps
 a request finishing after its output length is freed and a new one admitted (shared system
 prompt per tenant, so admissions hit). Reports microseconds per step.
 
-Pure Python (engine.kv imports no torch); GC is disabled inside timed loops.
+Pure Python (engine.core.kv imports no torch); GC is disabled inside timed loops.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, environment, print_table, summarize, write_json
-from engine.kv import PrefixCache
+from engine.core.kv import PrefixCache
 
 PROMPT_TOKENS = 4096
 VOCAB = 151_936

@@ -25,8 +25,8 @@ import torch
 
 from bench.common import RESULTS_DIR, environment, model_dir, percentile, print_table, write_json
 from bench.models import QWEN25_05B
-from engine.async_engine import AsyncEngine
 from engine.params import SamplingParams
+from engine.serving.async_engine import AsyncEngine
 
 
 def _floats(text: str) -> list[float]:

@@ -29,12 +29,12 @@ from typing import Any
 import torch
 
 from bench.models import QWEN25_05B, describe, make_random_model, read_model_config
-from engine.batch import ScheduledBatch, ScheduledSeq
 from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.model.config import ModelConfig
+from engine.core.batch import ScheduledBatch, ScheduledSeq
 from engine.params import SamplingParams
-from engine.runner import ModelRunner
+from engine.runtime.model.config import ModelConfig
+from engine.runtime.runner import ModelRunner
+from engine.serving.engine import Engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20)
 RESULTS = Path(__file__).parent / "results" / "model.json"
@@ -294,6 +294,10 @@ def _print_row(row: dict) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
+    if "--peer" in argv:  # kvgate vs llama.cpp on the default model: bench/cpu_peer.py
+        from bench import cpu_peer
+
+        return cpu_peer.main(argv)
     args = _args(argv)
     torch.set_num_threads(args.threads)
     cfg = read_model_config(args.model) if args.model is not None else None

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from engine.model.config import ModelConfig, parse_config
-from engine.model.demo import qwen2_config, random_state_dict, write_model_dir
+from engine.runtime.model.config import ModelConfig, parse_config
+from engine.runtime.model.demo import qwen2_config, random_state_dict, write_model_dir
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def make_random_model(
 
 def read_model_config(path: Path) -> ModelConfig:
     """The decoder config of an HF model directory or a GGUF file (no weights read)."""
-    from engine.model.gguf import GGUFFile, is_gguf, parse_gguf_config
+    from engine.runtime.model.gguf import GGUFFile, is_gguf, parse_gguf_config
 
     return parse_gguf_config(GGUFFile.open(path)) if is_gguf(path) else parse_config(path)
 

@@ -42,8 +42,8 @@ from bench.common import (
     write_json,
 )
 from bench.models import QWEN25_05B
-from engine.engine import Engine
 from engine.params import SamplingParams
+from engine.serving.engine import Engine
 
 ONE_TOKEN = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 VOCAB_LO, VOCAB_HI = 10, 150_000

@@ -32,8 +32,8 @@ import torch
 
 from bench.common import RESULTS_DIR, environment, model_dir, percentile, print_table, write_json
 from bench.models import QWEN25_05B
-from engine.engine import Engine
 from engine.params import SamplingParams
+from engine.serving.engine import Engine
 
 VOCAB_LO, VOCAB_HI = 10, 150_000
 BLOCK_BYTES_PER_LAYER = 2 * 16 * QWEN25_05B.kv_heads * QWEN25_05B.head_dim * 4  # block of 16

@@ -1,7 +1,7 @@
 """kvgate inference engine: paged KV cache, prefix reuse, scheduler, model, kernels.
 
-Public names are resolved lazily so that importing a torch-free submodule (``engine.kv``,
-``engine.scheduler``) never imports torch.
+Public names are resolved lazily so that importing a torch-free submodule (``engine.core.kv``,
+``engine.core.scheduler``) never imports torch.
 """
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from engine import cpu_isa as _cpu_isa
+from engine.runtime import cpu_isa as _cpu_isa
 
 # Before any torch op runs: KVGATE_CPU_ISA=avx2 also caps torch's and oneDNN's kernels, which
-# read their variables at the first CPU kernel (engine/cpu_isa.py).
+# read their variables at the first CPU kernel (engine/runtime/cpu_isa.py).
 _cpu_isa.export_torch_caps()
 
 _EXPORTS = {
-    "Engine": "engine.engine",
-    "AsyncEngine": "engine.async_engine",
-    "CacheScope": "engine.kv",
+    "Engine": "engine.serving.engine",
+    "AsyncEngine": "engine.serving.async_engine",
+    "CacheScope": "engine.core.kv",
     "EngineConfig": "engine.config",
     "SamplingParams": "engine.params",
 }

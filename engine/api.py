@@ -1,8 +1,8 @@
 """``EngineClient``: the one interface the gateway calls an engine through (no torch here).
 
-Two implementations, one contract: ``AsyncEngine`` (engine/async_engine.py, the engine in this
-process) and ``ClusterEngine`` (gateway/cluster/engine.py, the engine in worker processes); test
-fakes declare it too. The gateway holds an ``EngineClient`` and never asks which one it has::
+Two implementations, one contract: ``AsyncEngine`` (engine/serving/async_engine.py, the engine in
+this process) and ``ClusterEngine`` (gateway/cluster/engine.py, the engine in worker processes);
+test fakes declare it too. The gateway holds an ``EngineClient`` and never asks which one it has::
 
     generate(ids, params, GenerateOptions(...)) -> stream of RequestOutput     (one stream type)
     abort(request_id)                                                         (no-op if unknown)
@@ -10,9 +10,9 @@ fakes declare it too. The gateway holds an ``EngineClient`` and never asks which
     forget_namespace(namespace) -> bool                 (disk snapshots of a deleted tenant)
     cache_stats() -> CacheStats;  info -> EngineInfo;  is_running;  start();  shutdown()
 
-Per-request choices travel in ONE frozen ``GenerateOptions``: a field added here (a grammar, a
-tenant weight, a priority class) reaches every engine and the worker protocol without a new
-keyword on any signature (engine/worker/messages.py encodes the options object as it is).
+Per-request choices travel in ONE frozen ``GenerateOptions``: a field added here (a tenant
+weight, a priority class) reaches every engine and the worker protocol without a new
+keyword on any signature (engine/serving/worker/messages.py encodes the options object as it is).
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, TypedDict, Unpack
 
-from engine.kv import CacheScope, CacheStats, PinHandle, PriorityRange
+from engine.core.fairness import Priority
+from engine.core.kv import CacheScope, CacheStats, PinHandle, PriorityRange
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.model.tokenizer import Tokenizer
+    from engine.runtime.model.tokenizer import Tokenizer
 
 PinTier = Literal["device", "host", "mixed"]
 
@@ -40,7 +41,10 @@ class GenerateOptions:
     a fresh one (ids of requests in flight are unique per engine); ``priorities``: retention of
     token ranges in the cache; ``interim=False``: only the first and the final output (whose
     delta is every token since the first); ``cache_scope``: keys past its shared tokens are
-    private to one end user (engine/kv/hashing.py).
+    private to one end user (engine/core/kv/hashing.py); ``tenant``, ``weight``: whose fair
+    share of the engine serves it and that share's weight (engine/core/fairness.py: the
+    latest request of a tenant sets its weight); ``priority``: ``batch`` uses only capacity
+    ``interactive`` requests leave free, within the starvation bound of docs/contracts.md.
     """
 
     namespace: str = "default"
@@ -48,10 +52,17 @@ class GenerateOptions:
     priorities: tuple[PriorityRange, ...] = ()
     interim: bool = True
     cache_scope: CacheScope | None = None
+    tenant: str = "default"
+    weight: float = 1.0
+    priority: Priority = "interactive"
 
     def __post_init__(self) -> None:
         if not isinstance(self.priorities, tuple):  # a list would make the options unhashable
             object.__setattr__(self, "priorities", tuple(self.priorities))
+        if not self.weight > 0:
+            raise ValueError(f"weight must be > 0, got {self.weight}")
+        if self.priority not in ("interactive", "batch"):
+            raise ValueError(f"priority must be interactive or batch, got {self.priority!r}")
 
     @classmethod
     def of(
@@ -72,6 +83,9 @@ class GenerateFields(TypedDict, total=False):
     priorities: tuple[PriorityRange, ...]  # any sequence: the options keep a tuple
     interim: bool
     cache_scope: CacheScope | None
+    tenant: str
+    weight: float
+    priority: Priority
 
 
 DEFAULT_OPTIONS = GenerateOptions()
@@ -149,10 +163,12 @@ class EngineClient(Protocol):
         """Outputs of one request until its final one (``finished``): token deltas in
         ``new_token_ids``, everything so far in ``token_ids``.
 
-        Admission errors (PromptTooLong, EngineOverloaded, DuplicateRequestId, ValueError) are
-        raised by the first ``anext`` before anything was generated. A caller that has seen no
-        output knows nothing was generated (a cluster has then retried elsewhere already); a
-        stream that breaks after outputs ends with an EngineDead (WorkerLost). Leaving the
+        Admission errors (PromptTooLong, EngineOverloaded, DuplicateRequestId, GrammarRejected
+        for a ``params.grammar`` that does not compile, ValueError) are raised by the first
+        ``anext`` before anything was generated. A caller that has seen no output knows nothing
+        was generated (a cluster has then retried elsewhere already); a stream that breaks after
+        outputs ends with an EngineDead (WorkerLost), or with GrammarRejected when the grammar
+        engine failed mid-output (docs/contracts.md, Grammars). Leaving the
         iteration early (break, cancellation, ``aclose``) aborts the request and frees its
         blocks.
         """

@@ -16,6 +16,11 @@ class EngineOverloaded(EngineError):
     """The bounded waiting queue is full; the caller should retry later (HTTP 503/429)."""
 
 
+class TenantQueueFull(EngineOverloaded):
+    """The engine's waiting queue is full and this tenant holds its share of it already: only
+    this tenant is refused (HTTP 429 with Retry-After); the others keep their shares."""
+
+
 class PromptTooLong(EngineError, ValueError):
     """The request can never run: prompt (+ max_tokens) beyond max_model_len or the KV pool."""
 
@@ -42,6 +47,14 @@ class EngineDead(EngineError):
 
 class EngineClosed(EngineError):
     """The engine was shut down; no further requests are accepted."""
+
+
+class GrammarRejected(EngineError, ValueError):
+    """A request's grammar cannot be compiled or enforced (the message names what)."""
+
+    def __init__(self, message: str, *, param: str | None = "response_format") -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class DuplicateRequestId(EngineError, ValueError):

@@ -42,7 +42,8 @@ class RequestMetrics:
 @dataclass(frozen=True)
 class TokenLogprob:
     """Log-probability of one generated token and the ``k`` most likely alternatives at its
-    position (raw model distribution), most likely first."""
+    position (raw model distribution; under a grammar, over the tokens it allows there), most
+    likely first."""
 
     token_id: int
     logprob: float
@@ -69,3 +70,6 @@ class RequestOutput:
     error: Exception | None = None  # set when the engine gave up on the request (finish "abort")
     # One entry per ``new_token_ids`` entry when the request asked for logprobs, else None.
     new_logprobs: tuple[TokenLogprob, ...] | None = None
+    # The engine worker process that served the request, on its first output (set by the
+    # gateway's cluster client, gateway/cluster/engine.py); None from an engine in this process.
+    worker: str | None = None

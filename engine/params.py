@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.constraints import Grammar
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -23,8 +25,11 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
     # None: no logprobs. k >= 0: the sampled token's logprob and the k most likely (k <= 20),
-    # from the model's raw distribution (log-softmax of the logits, before any processing).
+    # from the model's raw distribution (log-softmax of the logits, before any processing);
+    # under a grammar, over the tokens it allows at that step (docs/contracts.md, Grammars).
     logprobs: int | None = None
+    # The output must match it (engine/constraints.py); None: unconstrained.
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

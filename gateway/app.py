@@ -5,7 +5,8 @@ process and connects nowhere (the tenant store's connection pool connects lazily
 only chosen, gateway/engine_source.py). Everything that loads, starts or connects lives in
 ``cleanup_ctx``, in this order (closed in reverse)::
 
-    telemetry provider -> tenant store (schema check) + events -> limiter
+    telemetry provider -> tenant store (schema check) -> usage ledger (spool, replay) + events
+    -> limiter
     -> engine: opened (model loaded on a thread / local worker started / workers' info fetched),
        then started -> key cache + pins (start-up pinning in the background; /readyz waits)
 
@@ -16,8 +17,7 @@ it, in reverse: an engine that cannot open leaves no worker process behind.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -29,12 +29,24 @@ from engine.errors import (
     EngineClosed,
     EngineDead,
     EngineOverloaded,
+    GrammarRejected,
     PromptTooLong,
     RequestAborted,
+    TenantQueueFull,
 )
-from gateway.admin import ADMIN_PREFIX, PromptLimit, create_admin_app
+from gateway.admin import (
+    ADMIN_PREFIX,
+    ADMIN_SESSIONS,
+    MemorySessionStore,
+    PromptLimit,
+    RedisSessionStore,
+    SessionStore,
+    create_admin_app,
+)
+from gateway.admin.context import ADMIN_CONTEXT
 from gateway.auth import KeyCache
 from gateway.chat import views
+from gateway.chat.tools.tenant import prefix_builder
 from gateway.cluster.admin import add_cluster_view
 from gateway.cluster.engine import ClusterEngine
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState, Telemetry
@@ -46,11 +58,17 @@ from gateway.http import content_encoding_middleware
 from gateway.openapi import openapi_handler
 from gateway.pins import PinManager
 from gateway.ratelimit import FailoverLimiter, Limiter, MemoryLimiter, RedisLimiter
+from gateway.ratelimit.redis import make_client
 from gateway.ratelimit.types import LimiterUnavailable
 from gateway.settings import Settings
 from gateway.telemetry import GatewayMetrics, make_tracer, make_tracer_provider
 from gateway.telemetry.dbgauge import database_gauge
 from gateway.tenant_prefix import TemplateMismatch, build_prefix
+from gateway.tools_exec.budget_webhook import SoftWebhooks
+from gateway.tools_exec.setup import make_tool_runner
+from gateway.usage.admin import AUDIT_ACTOR, add_usage_routes
+from gateway.usage.budget_admin import add_budget_routes
+from gateway.usage.ledger import LEDGER, Ledger
 from gateway.widget.cors import add_preflight, cors_headers
 from gateway.widget.routes import register_widget
 from tenants.db import make_engine, make_session_factory, within
@@ -59,13 +77,18 @@ from tenants.health import DbHealth
 from tenants.keys import LastUsedRecorder
 from tenants.migrate import check_schema
 from tenants.store import TenantStore
+from tenants.tool_service import ToolStore
 
 
 def register_gateway_errors() -> None:
     """Engine and limiter errors as HTTP (idempotent)."""
     register_error(PromptTooLong, 400, "invalid_request_error", "context_length_exceeded")
     register_error(DuplicateRequestId, 400, "invalid_request_error", "duplicate_request_id")
-    register_error(EngineOverloaded, 503, "service_unavailable", "engine_overloaded")
+    register_error(GrammarRejected, 400, "invalid_request_error", "unsupported_schema")
+    retry = {"Retry-After": "1"}
+    register_error(EngineOverloaded, 503, "service_unavailable", "engine_overloaded", retry)
+    # this tenant's share of the engine queue is full (the others are served): a rate limit
+    register_error(TenantQueueFull, 429, "rate_limit_error", "tenant_queue_full", retry)
     register_error(EngineClosed, 503, "service_unavailable", "engine_unavailable")
     register_error(EngineDead, 503, "service_unavailable", "engine_unavailable")
     register_error(RequestAborted, 503, "service_unavailable", "request_aborted")
@@ -112,15 +135,33 @@ def create_app(
         deadline_s=dbs.timeout_s,
         health=DbHealth(dbs.retry_s),
     )
+    auth = settings.auth
+    app[ADMIN_SESSIONS] = make_sessions(settings)  # Redis: shared by every replica
     admin = create_admin_app(
         store,
         admin_token_sha256=settings.tenants.admin_token_sha256,
         prompt_limit=_prompt_limit(opened),
         cache_provider=lambda tenant_id: app[STATE].pins.cache_info(tenant_id),
+        sessions=app[ADMIN_SESSIONS],
+        principal_ttl_s=auth.key_cache_ttl_s,
     )
     add_cluster_view(admin, opened, app[TELEMETRY].metrics.registry)
+    if settings.usage.enabled:  # built here, opened with the app (no file or connection yet)
+        rl = settings.ratelimit
+        app[LEDGER] = admin[LEDGER] = Ledger(
+            settings.usage,
+            settings.tenants.database_url,
+            redis_url=rl.redis_url,
+            redis_prefix=rl.redis_prefix,
+            redis_timeout_s=rl.redis_timeout_s,
+            registry=app[TELEMETRY].metrics.registry,
+        )
+        admin[AUDIT_ACTOR] = lambda: admin[ADMIN_CONTEXT].actor
+        add_usage_routes(admin)
+        add_budget_routes(admin)
     app.add_subapp(ADMIN_PREFIX, admin)
     app.cleanup_ctx.append(_lifecycle(store, db, source, opened, model_name))
+    app.cleanup_ctx.append(_close_sessions)
     app.cleanup_ctx.append(frozen_startup_heap)  # last: after everything start-up keeps
     app.on_shutdown.append(_start_draining)
     app.on_response_prepare.append(cors_headers)
@@ -150,6 +191,21 @@ def _model_name(path: str | None) -> str:
     return Path(path).resolve().name if path else "kvgate-demo"
 
 
+def make_sessions(settings: Settings) -> SessionStore:
+    """The console's sessions: in the gateway's Redis when it has one (same client settings and
+    key prefix as the rate limiter), else in this process."""
+    auth, rl = settings.auth, settings.ratelimit
+    if rl.redis_url is None:
+        return MemorySessionStore(auth.session_idle_s, auth.session_max_s)
+    client = make_client(rl.redis_url, rl.redis_timeout_s)  # connects at its first command
+    return RedisSessionStore(client, rl.redis_prefix, auth.session_idle_s, auth.session_max_s)
+
+
+async def _close_sessions(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await app[ADMIN_SESSIONS].aclose()
+
+
 def make_limiter(settings: Settings) -> Limiter:
     rl = settings.ratelimit
     if rl.redis_url is None:
@@ -169,7 +225,7 @@ def _lifecycle(
     source: EngineSource,
     opened: RunningEngine,
     model_name: str,
-) -> Any:
+) -> Callable[[web.Application], AsyncIterator[None]]:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
         tel = app[TELEMETRY]
@@ -177,6 +233,9 @@ def _lifecycle(
             stack.push_async_callback(_shutdown_provider, tel)
             stack.push_async_callback(store.aclose)
             await check_schema(db)
+            if LEDGER in app:  # after the schema check; closed after the requests drained
+                await app[LEDGER].start()
+                stack.push_async_callback(app[LEDGER].close)
             bridge = None
             if settings.tenants.redis_url:
                 bridge = RedisEventBridge.from_url(
@@ -202,9 +261,22 @@ def _lifecycle(
                 stale_max_s=settings.database.stale_max_s,
             )
             tokenizer = engine.info.tokenizer
-            pins = PinManager(engine, tokenizer, store)
+            pins = PinManager(
+                engine, tokenizer, store, prefix_builder(tokenizer, tokenizer.chat_template)
+            )
             stack.push_async_callback(pins.close)
             state = GatewayState(store, limiter, engine, tokenizer, model_name, keys, pins)
+            state.tool_runner = make_tool_runner(
+                settings.tools, store, tel.tracer, tel.metrics.registry
+            )
+            stack.push_async_callback(state.tool_runner.egress.close)
+            ledger = app.get(LEDGER)
+            if ledger is not None and ledger.budgets is not None:
+                hooks = SoftWebhooks(
+                    state.tool_runner.egress, ToolStore(store).secret, tel.metrics.registry
+                )
+                ledger.budgets.on_soft = hooks
+                stack.push_async_callback(hooks.close)
             stack.callback(state.prompts.close)
             await state.prompts.warm(tokenizer.prepare_chat_encoding)
             app[STATE] = state

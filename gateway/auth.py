@@ -61,6 +61,16 @@ class Principal:
         rt = self.runtime
         return rt.allow_client_system and (not self.is_widget or rt.widget.allow_client_system)
 
+    def fair_share(self) -> dict[str, Any]:
+        """The engine's fair-share fields of this principal's requests (GenerateOptions):
+        the tenant, its weight and the key's priority class (engine/core/fairness.py)."""
+        weight = self.runtime.limits.weight
+        return {
+            "tenant": self.runtime.tenant_id,
+            "weight": 1.0 if weight is None else weight,
+            "priority": self.identity.priority,
+        }
+
 
 def _origin_not_allowed(message: str) -> ApiError:
     return ApiError(403, message, type_="permission_error", code="origin_not_allowed")
@@ -180,6 +190,8 @@ class KeyCache:
         traffic, and the event does not say how) is never answered stale; everything else
         (prompt, limits, display settings, key limits) only forces a re-read. An event without
         details (an older replica's) distrusts whatever its kind may have changed."""
+        if event.kind == "admins":
+            return  # admin principals: nothing a tenant key depends on
         tid = event.tenant_id
         self._forget_misses(event)
         if event.kind == "deleted":
@@ -218,7 +230,7 @@ class KeyCache:
             self._keys.revoke_where(tid, this_key)
             self._by_id.revoke_where(tid, this_key)
             self._by_id.revoke(key_id)
-        elif event.key_change == "limits":
+        elif event.key_change in ("limits", "priority"):  # read again at the next use
             self._keys.expire_where(tid, this_key)
             self._by_id.expire_where(tid, this_key)
         # created: nothing cached can name a key created a moment ago

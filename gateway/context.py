@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
 from engine.api import EngineClient
-from engine.model.tokenizer import Tokenizer
+from engine.runtime.model.tokenizer import Tokenizer
 from gateway.auth import KeyCache
 from gateway.drain import Drain
 from gateway.pins import PinManager
@@ -21,6 +21,7 @@ from gateway.ratelimit import Limiter
 from gateway.settings import Settings
 from gateway.telemetry import GatewayMetrics
 from gateway.tokenize_pool import TokenizePool
+from gateway.tools_exec.runner import ToolRunner
 from tenants.store import TenantStore
 
 
@@ -36,6 +37,7 @@ class GatewayState:
     draining: bool = False  # set at shutdown: /readyz answers 503, new requests are refused
     drain: Drain = field(default_factory=Drain)  # chat requests in flight, cut at the deadline
     prompts: TokenizePool = field(default_factory=TokenizePool)  # large prompts off the loop
+    tool_runner: ToolRunner | None = None  # tenant tools the gateway runs (gateway/tools_exec/)
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,9 @@ class InWorkers:
 
 
 def load_engine(model: ModelSettings, model_dir: str) -> EngineClient:
-    from engine.async_engine import AsyncEngine  # imports torch: only when a model is loaded
+    from engine.serving.async_engine import (
+        AsyncEngine,  # imports torch: only when a model is loaded
+    )
 
     return AsyncEngine.from_pretrained(model_dir, **model.engine_overrides())
 

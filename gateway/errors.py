@@ -17,6 +17,7 @@ import json
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import structlog
 from aiohttp import web
@@ -28,6 +29,13 @@ REQUEST_ID = web.RequestKey("request_id", str)
 TENANT = web.RequestKey("tenant", str)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Middleware(Protocol):
+    """What ``web.Application(middlewares=...)`` takes: aiohttp calls it by parameter name, so a
+    positional ``Callable`` does not fit (its own Protocol lives in the undocumented typedefs)."""
+
+    def __call__(self, request: web.Request, handler: Handler) -> Awaitable[web.StreamResponse]: ...
 
 
 class ApiError(Exception):
@@ -65,10 +73,19 @@ class ApiError(Exception):
 # Domain exception class -> (status, type, code). Subclasses match their nearest mapped base.
 # Packages register their exceptions with ``register_error`` from the gateway side.
 _DOMAIN_ERRORS: dict[type[BaseException], tuple[int, str, str | None]] = {}
+_DOMAIN_HEADERS: dict[type[BaseException], dict[str, str]] = {}
 
 
-def register_error(exc: type[BaseException], status: int, type_: str, code: str | None) -> None:
+def register_error(
+    exc: type[BaseException],
+    status: int,
+    type_: str,
+    code: str | None,
+    headers: dict[str, str] | None = None,
+) -> None:
     _DOMAIN_ERRORS[exc] = (status, type_, code)
+    if headers:
+        _DOMAIN_HEADERS[exc] = headers
 
 
 def to_api_error(exc: BaseException) -> ApiError | None:
@@ -77,7 +94,8 @@ def to_api_error(exc: BaseException) -> ApiError | None:
         if mapped is not None:
             status, type_, code = mapped
             param = getattr(exc, "param", None)
-            return ApiError(status, str(exc), type_=type_, code=code, param=param)
+            headers = dict(_DOMAIN_HEADERS.get(cls, {}))
+            return ApiError(status, str(exc), type_=type_, code=code, param=param, headers=headers)
     return None
 
 
@@ -100,9 +118,11 @@ def request_id(request: web.BaseRequest) -> str:
 
 def route_of(request: web.BaseRequest) -> str:
     """The matched route's template (``/admin/v1/tenants/{id}``), never the raw path."""
+    if not isinstance(request, web.Request):  # a BaseRequest: no routing
+        return "unmatched"
     try:
-        resource = request.match_info.route.resource  # type: ignore[attr-defined]
-    except (AttributeError, AssertionError):  # a BaseRequest, or not routed (yet)
+        resource = request.match_info.route.resource
+    except (AttributeError, AssertionError):  # not routed (yet)
         return "unmatched"
     return f"{request.method} {resource.canonical}" if resource is not None else "unmatched"
 

@@ -2,8 +2,9 @@
 
 Schemas are generated from the pydantic models the views validate with (tenants/schemas.py,
 gateway/chat/schemas.py) and the answer models of gateway/api_models.py; only the list of
-operations below is written by hand. ``tests/gateway/test_openapi.py`` checks that it names
-every route the app serves, and the schemathesis suite checks every answer against it.
+operations (gateway/openapi_operations.py) is written by hand. ``tests/gateway/test_openapi.py``
+checks that it names every route the app serves, and the schemathesis suite checks every answer
+against it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -19,227 +19,21 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from gateway import api_models as am
-from gateway.chat.response_models import ChatCompletion, ChatCompletionChunk
+from gateway.chat.response_models import ChatCompletionChunk
 from gateway.chat.schemas import ChatRequest
 from gateway.errors import Handler
-from gateway.widget.views import SessionIn
-from tenants import schemas as ts
-
-REF = "#/components/schemas/{model}"
-TENANT_KEY = "tenantKey"
-ADMIN_TOKEN = "adminToken"
-JSON = "application/json"
-SSE = "text/event-stream"
-ADMIN = "/admin/v1"
-
-_ERRORS = {
-    400: "malformed request (not JSON, wrong types, unknown or unsupported parameters)",
-    401: "missing or invalid bearer token",
-    403: "tenant suspended, or a widget key used from an origin it is not bound to",
-    404: "no such resource",
-    409: "conflicts with the current state (exists already, tenant deleted)",
-    413: "request body larger than KVGATE_MAX_BODY_BYTES",
-    422: "a field failed validation (error.param names it)",
-    429: "a rate limit is exhausted (Retry-After and x-ratelimit-* headers say until when)",
-    503: "a dependency is unavailable (database, rate limiter, engine) or shutting down",
-}
-
-
-@dataclass(frozen=True)
-class Query:
-    name: str
-    schema: Mapping[str, Any]
-    description: str
-
-
-@dataclass(frozen=True)
-class Operation:
-    """One route. ``ok``: success status -> answer model (None: no JSON answer)."""
-
-    method: str
-    path: str
-    op_id: str
-    summary: str
-    tag: str
-    security: str | None
-    ok: Mapping[int, type[BaseModel] | None]
-    errors: tuple[int, ...] = ()
-    body: type[BaseModel] | None = None
-    query: tuple[Query, ...] = ()
-    stream: bool = False  # the 200 may also be an SSE stream of ChatCompletionChunk
-    media: str | None = None  # the success content type when it is not a model's JSON
-    links: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # op_id -> params
-
-
-_PAGE = (
-    Query("limit", {"type": "integer", "minimum": 1, "maximum": 200}, "page size (default 50)"),
-    Query("cursor", {"type": "string"}, "next_cursor of the previous page"),
+from gateway.openapi_operations import (
+    ADMIN_TOKEN,
+    ERRORS,
+    JSON,
+    OPERATIONS,
+    REF,
+    SSE,
+    TENANT_KEY,
+    WIDGET_DEMO,
+    Operation,
 )
-_BODY_ERRORS = (400, 413, 422)
-_ADMIN_ERRORS = (401, 503)
-_T = f"{ADMIN}/tenants/{{id}}"
-_TENANT_LINK = {"id": "$response.body#/id"}
-_SAME_TENANT = {"id": "$request.path.id"}
-
-
-def _admin(
-    method: str, path: str, op_id: str, summary: str, ok: Mapping[int, Any], *errors: int, **kw: Any
-) -> Operation:
-    errs = (*_ADMIN_ERRORS, *errors, *(_BODY_ERRORS if "body" in kw else ()))
-    return Operation(method, path, op_id, summary, "admin", ADMIN_TOKEN, ok, errs, **kw)
-
-
-def _links(params: Mapping[str, str], *op_ids: str) -> dict[str, Mapping[str, str]]:
-    """OpenAPI links from a success answer to ``op_ids``, each given the same ``params``."""
-    return {op_id: params for op_id in op_ids}
-
-
-OPERATIONS: tuple[Operation, ...] = (
-    Operation(
-        "post",
-        "/v1/chat/completions",
-        "createChatCompletion",
-        "OpenAI chat completion (JSON, or an SSE stream with stream=true)",
-        "chat",
-        TENANT_KEY,
-        {200: ChatCompletion},
-        (400, 401, 403, 404, 413, 429, 503),
-        body=ChatRequest,
-        stream=True,
-    ),
-    Operation(
-        "get", "/v1/models", "listModels", "the served model", "chat", TENANT_KEY,
-        {200: am.ModelList}, (401, 403, 503),
-    ),
-    Operation("get", "/healthz", "health", "liveness", "ops", None, {200: am.Health}),
-    Operation(
-        "get", "/readyz", "ready", "readiness (503 while a check fails)", "ops", None,
-        {200: am.Readiness, 503: am.Readiness},
-    ),
-    Operation(
-        "get", "/openapi.json", "openapi", "this document", "ops", None, {200: None}, media=JSON
-    ),
-    Operation(
-        "get", "/widget/v1/kvgate-chat.js", "widgetScript",
-        "the embeddable chat widget (ETag; 304 for If-None-Match)", "widget", None,
-        {200: None, 304: None}, media="application/javascript",
-    ),
-    Operation(
-        "get", "/widget/v1/config", "widgetConfig",
-        "what a widget key's page shows (the key in ?key=, checked against Origin)", "widget",
-        None, {200: am.WidgetConfig}, (401, 403, 503),
-        query=(Query("key", {"type": "string"}, "a widget key"),),
-    ),
-    Operation(
-        "post", "/v1/widget/sessions", "createWidgetSession",
-        "a signed session token for one end user on one origin (server keys only)", "widget",
-        TENANT_KEY, {201: am.WidgetSession}, (400, 401, 403, 413, 422, 503), body=SessionIn,
-    ),
-    _admin(
-        "post", f"{ADMIN}/tenants", "createTenant", "create a tenant", {201: ts.TenantOut}, 409,
-        body=ts.TenantCreate,
-        links=_links(
-            _TENANT_LINK,
-            "getTenant", "patchTenant", "deleteTenant", "setSystemPrompt", "listPrompts",
-            "createKey", "listKeys", "setLimits", "getCache", "getWidget", "setWidget",
-            "rotateWidgetSecret",
-        ),
-    ),
-    _admin(
-        "get", f"{ADMIN}/tenants", "listTenants", "list tenants (paginated)",
-        {200: ts.TenantPage}, 422,
-        query=(
-            *_PAGE,
-            Query(
-                "status",
-                {"type": "string", "enum": ["active", "suspended", "deleted", "all"]},
-                "default: every status but deleted",
-            ),
-        ),
-    ),
-    _admin("get", _T, "getTenant", "one tenant with its keys", {200: ts.TenantOut}, 404, 422),
-    _admin(
-        "patch", _T, "patchTenant", "rename, suspend, resume or restore",
-        {200: ts.TenantOut}, 404, 409, body=ts.TenantPatch,
-    ),
-    _admin(
-        "delete", _T, "deleteTenant", "soft delete (idempotent)", {200: ts.TenantOut}, 404, 422
-    ),
-    _admin(
-        "put", f"{_T}/system-prompt", "setSystemPrompt", "add a prompt version, made active",
-        {200: ts.PromptVersion}, 404, 409, body=ts.PromptSet,
-        links=_links(
-            {**_SAME_TENANT, "version": "$response.body#/version"}, "getPrompt", "activatePrompt"
-        ),
-    ),
-    _admin(
-        "get", f"{_T}/system-prompts", "listPrompts", "prompt versions, newest first",
-        {200: ts.PromptList}, 404, 422,
-    ),
-    _admin(
-        "get", f"{_T}/system-prompts/{{version}}", "getPrompt", "one prompt version",
-        {200: ts.PromptOut}, 404, 422,
-    ),
-    _admin(
-        "post", f"{_T}/system-prompts/{{version}}/activate", "activatePrompt",
-        "make an existing version active (rollback or roll forward): pinned before traffic "
-        "switches, the old version unpinned when its requests end",
-        {200: ts.PromptActivated}, 404, 409, 422,
-    ),
-    _admin(
-        "post", f"{_T}/keys", "createKey", "create an API key (the key is returned only here)",
-        {201: ts.KeyCreated}, 404, 409, body=ts.KeyCreate,
-        links=_links({**_SAME_TENANT, "key_id": "$response.body#/id"}, "revokeKey", "setKeyLimits"),
-    ),
-    _admin(
-        "get", f"{_T}/keys", "listKeys", "a tenant's keys with their limits (never the keys)",
-        {200: ts.KeyList}, 404, 422,
-    ),
-    _admin(
-        "delete", f"{_T}/keys/{{key_id}}", "revokeKey", "revoke a key (idempotent)",
-        {200: ts.KeyOut}, 404, 422,
-    ),
-    _admin(
-        "put", f"{_T}/keys/{{key_id}}/limits", "setKeyLimits",
-        "replace a key's own limits (null: only the tenant's apply)",
-        {200: ts.KeyOut}, 404, 409, body=ts.KeyLimitsIn,
-    ),
-    _admin(
-        "put", f"{_T}/limits", "setLimits", "replace the tenant's limits (null: the default)",
-        {200: ts.TenantOut}, 404, 409, body=ts.LimitsIn,
-    ),
-    _admin(
-        "get", f"{_T}/cache", "getCache", "pin state and prefix-cache counters",
-        {200: am.CacheInfo}, 404, 422,
-    ),
-    _admin(
-        "get", f"{_T}/widget", "getWidget", "the widget settings (the secret only as a flag)",
-        {200: ts.WidgetSettingsOut}, 404, 422,
-    ),
-    _admin(
-        "put", f"{_T}/widget", "setWidget", "replace the widget settings",
-        {200: ts.WidgetSettingsOut}, 404, 409, body=ts.WidgetSettingsIn,
-    ),
-    _admin(
-        "post", f"{_T}/widget/rotate-secret", "rotateWidgetSecret",
-        "new session secret: every session token issued so far is revoked",
-        {200: ts.WidgetSettingsOut}, 404, 409, 422,
-    ),
-    _admin(
-        "get", f"{ADMIN}/cluster", "getCluster", "workers, health, load and prompt placement",
-        {200: am.ClusterReport},
-    ),
-    _admin(
-        "get", f"{ADMIN}/audit", "listAudit", "audit log, newest first (never secrets)",
-        {200: ts.AuditPage}, 422,
-        query=(*_PAGE, Query("tenant", {"type": "string"}, "only this tenant's rows")),
-    ),
-)  # fmt: skip
-
-WIDGET_DEMO = Operation(
-    "get", "/widget/demo", "widgetDemo", "demo page with the widget (embedded default only)",
-    "widget", None, {200: None}, (503,), media="text/html",
-)  # fmt: skip
+from tenants import schemas as ts
 
 # Every error answer names the request (quote it in a support ticket); a 429 says when to retry.
 _REQUEST_ID = {
@@ -276,6 +70,9 @@ _PATH_PARAMS: dict[str, dict[str, Any]] = {
     "id": {"type": "string", "description": "tenant id"},
     "version": {"type": "integer", "minimum": 1, "maximum": ts.MAX_LIMIT},
     "key_id": {"type": "string", "description": "key id (from createKey or listKeys)"},
+    "model": {"type": "string", "minLength": 1, "maxLength": 200, "description": "model id"},
+    "admin_id": {"type": "string", "description": "admin id (from createAdmin or listAdmins)"},
+    "path": {"type": "string", "description": "a file of the console (index.html, js/app.js)"},
 }
 
 
@@ -313,6 +110,8 @@ def _responses(op: Operation, names: Mapping[type[BaseModel], str]) -> dict[str,
         elif op.media is not None and status == 200:
             schema = {"type": "object"} if op.media == JSON else {"type": "string"}
             resp["content"] = {op.media: {"schema": schema}}
+        for media in op.alt_media if status == 200 else ():
+            resp.setdefault("content", {})[media] = {"schema": {"type": "string"}}
         if op.stream and status == 200:
             resp["content"][SSE] = {"schema": _SSE_EVENT, "description": _SSE_DESCRIPTION}
             resp["headers"] = {**_REQUEST_ID, **_RATE_HEADERS}
@@ -324,7 +123,7 @@ def _responses(op: Operation, names: Mapping[type[BaseModel], str]) -> dict[str,
         out[str(status)] = resp
     for status in op.errors:
         error = {
-            "description": _ERRORS[status],
+            "description": ERRORS[status],
             "headers": {**_REQUEST_ID, **(_RETRY_AFTER if status == 429 else {})},
             "content": _json_content(names[am.ErrorBody]),
         }
@@ -372,7 +171,7 @@ def build_document(
     operations = (*OPERATIONS, WIDGET_DEMO) if widget_demo else OPERATIONS
     inputs, outputs = _models(operations)
     keyed = [(m, "validation") for m in inputs] + [(m, "serialization") for m in outputs]
-    key_map, defs = models_json_schema(keyed, ref_template=REF)  # type: ignore[arg-type]
+    key_map, defs = models_json_schema(keyed, ref_template=REF)
     names = {m: key_map[(m, mode)]["$ref"].rsplit("/", 1)[1] for m, mode in keyed}
     schemas = defs.get("$defs", {})
     chat = schemas[names[ChatRequest]]
@@ -401,8 +200,9 @@ def build_document(
                 ADMIN_TOKEN: {
                     "type": "http",
                     "scheme": "bearer",
-                    "description": "the admin token: KVGATE_ADMIN_TOKEN, or printed once by "
-                    "`kvgate serve` on first start",
+                    "description": "an admin token: KVGATE_ADMIN_TOKEN (or printed once by "
+                    "`kvgate serve` on first start), or one from createAdmin; the console sends "
+                    "its session cookie (kvgate_admin) with X-CSRF-Token on writes instead",
                 },
             },
         },

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import structlog
 from sqlalchemy import func, select
 
-from engine.api import EngineClient, PinTicket
+from engine.api import EngineClient, PinTicket, PinTier
 from engine.errors import EngineError, PinRejected
 from gateway.tenant_prefix import ChatTokenizer, TenantPrefix, build_prefix
 from tenants.events import TenantChanged
@@ -66,17 +66,47 @@ class TenantCounters:
     hit_tokens: int = 0  # of which served from the prefix cache
 
 
+class CacheInfo(TypedDict):
+    """The body of GET /admin/v1/tenants/{id}/cache (``PinManager.cache_info``)."""
+
+    tenant_id: str
+    prompt_version: int | None
+    pin_state: str
+    pin_reason: str | None
+    prefix_tokens: int
+    pinned_blocks: int
+    pinned_tokens: int
+    pin_tier: PinTier | None
+    inflight_requests: int
+    retiring_versions: list[int | None]
+    requests: int
+    query_tokens: int
+    hit_tokens: int
+    hit_rate: float
+    pinned_on: list[str] | None
+    pin_tiers: dict[str, str] | None
+
+
 class PinManager:
-    def __init__(self, engine: EngineClient, tokenizer: ChatTokenizer, store: TenantStore) -> None:
+    def __init__(
+        self,
+        engine: EngineClient,
+        tokenizer: ChatTokenizer,
+        store: TenantStore,
+        build: Callable[[TenantRuntime], TenantPrefix] | None = None,
+    ) -> None:
+        """``build``: a tenant's prefix from its runtime (default: its prompt alone; the
+        gateway's adds the tenant's tools: gateway/chat/tools/tenant.py)."""
         self._engine = engine
         self._tokenizer = tokenizer
+        self._build = build or (lambda rt: build_prefix(tokenizer, rt.prompt_text))
         self._store = store
         self._current: dict[str, PromptEntry] = {}
         self._retiring: list[PromptEntry] = []
         self._building: dict[str, PromptEntry] = {}  # version being pinned, not yet current
         self._counters: dict[str, TenantCounters] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
         self.ready = asyncio.Event()  # set once start-up pinning has finished
 
     # -- start-up and events ----------------------------------------------------------------
@@ -105,8 +135,8 @@ class PinManager:
         await self.activate(rt)
 
     async def _forget(self, rt: TenantRuntime) -> None:
-        """A deleted tenant's prompt snapshots are removed on every worker (engine/snapshot.py);
-        a failure is logged: the tenant is deleted either way."""
+        """A deleted tenant's prompt snapshots are removed on every worker
+        (engine/runtime/snapshot.py); a failure is logged: the tenant is deleted either way."""
         try:
             await self._engine.forget_namespace(rt.cache_salt)
         except (OSError, EngineError) as exc:
@@ -137,7 +167,7 @@ class PinManager:
             return entry
 
     def _new_entry(self, rt: TenantRuntime) -> PromptEntry:
-        prefix = build_prefix(self._tokenizer, rt.prompt_text)
+        prefix = self._build(rt)
         state = UNPINNED if prefix.ids else NO_PROMPT
         return PromptEntry(rt.tenant_id, rt.prompt_version, rt.cache_salt, prefix, state)
 
@@ -201,7 +231,7 @@ class PinManager:
         if entry.retiring and entry.inflight == 0:
             await self._unpin(entry)
 
-    def spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, object]) -> None:
         """Run ``coro`` in the background; cancelled by ``close``."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
@@ -211,7 +241,7 @@ class PinManager:
     def current(self, tenant_id: str) -> PromptEntry | None:
         return self._current.get(tenant_id)
 
-    def cache_info(self, tenant_id: str) -> dict[str, Any]:
+    def cache_info(self, tenant_id: str) -> CacheInfo:
         """What GET /admin/v1/tenants/{id}/cache reports (never the salt or prompt text)."""
         cur = self._current.get(tenant_id)
         counters = self._counters.get(tenant_id, TenantCounters())

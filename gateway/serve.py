@@ -75,7 +75,7 @@ def ensure_demo_model(var_dir: Path) -> Path:
     import shutil
     import tempfile
 
-    from engine.model.demo import write_demo_model
+    from engine.runtime.model.demo import write_demo_model
 
     path = var_dir / "demo-model"
     if path.is_dir():
@@ -112,11 +112,14 @@ def _serve_metrics(app: web.Application, settings: Settings) -> None:
 
 
 def environment(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment settings are read from, with ``--host`` as ``KVGATE_HOST``: what depends
-    on the listen address (the widget demo's ``auto``: loopback only) sees the real one."""
+    """The environment settings are read from, with ``--host`` / ``--port`` as ``KVGATE_HOST`` /
+    ``KVGATE_PORT``: what depends on the listen address (the widget demo's ``auto``: loopback
+    only; the usage spool's default directory, one per port) sees the real one."""
     env = dict(environ)
     if args.host:
         env["KVGATE_HOST"] = args.host
+    if args.port is not None:
+        env["KVGATE_PORT"] = str(args.port)
     return env
 
 

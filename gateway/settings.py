@@ -16,7 +16,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from gateway.usage.config import UsageSettings
+from gateway.usage.prices import parse_price_table
 from tenants.db import redact_url
 from tenants.errors import ConfigError
 from tenants.settings import TenantStoreSettings
@@ -190,6 +193,13 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_DEVICE", _str, "auto", "engine device: auto, cpu, cuda, cuda:N"),
     Variable("KVGATE_DTYPE", _choice("auto", "float32", "bfloat16", "float16"), "auto", "dtype"),
     Variable(
+        "KVGATE_WEIGHTS",
+        _choice("auto", "dequantized"),
+        "auto",
+        "auto: a GGUF's Q4_1 / Q8_0 weights stay in their blocks on the CPU (kvgate's block "
+        "GEMM); dequantized: every weight in the engine dtype",
+    ),
+    Variable(
         "KVGATE_GPU_MEMORY_UTILIZATION",
         _float_in(0.0, 1.0, low_open=True),
         "0.9",
@@ -214,7 +224,7 @@ VARIABLES: tuple[Variable, ...] = (
         "0.0",
         "frequency_penalty if unset",
     ),
-    Variable("KVGATE_REDIS_URL", _opt_str, "", "Redis for rate limits; unset: in-process limiter"),
+    Variable("KVGATE_REDIS_URL", _opt_str, "", "Redis for limits and sessions; unset: in process"),
     Variable("KVGATE_REDIS_PREFIX", _str, "kvgate:", "prefix of every Redis key the gateway uses"),
     Variable(
         "KVGATE_RATELIMIT_FAIL_MODE",
@@ -250,6 +260,18 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_ADMIN_TOKEN", _opt_str, "", "admin bearer token; unset: generated, printed"),
     Variable("KVGATE_KEY_CACHE_TTL_S", _positive_float, "5", "API key -> tenant cache lifetime"),
     Variable(
+        "KVGATE_ADMIN_SESSION_IDLE_S",
+        _positive_float,
+        "1800",
+        "admin console session: signed out after this long without a request",
+    ),
+    Variable(
+        "KVGATE_ADMIN_SESSION_MAX_S",
+        _positive_float,
+        "43200",
+        "admin console session: signed out this long after sign-in, active or not",
+    ),
+    Variable(
         "KVGATE_DB_TIMEOUT_S",
         _positive_float,
         "3",
@@ -283,6 +305,35 @@ VARIABLES: tuple[Variable, ...] = (
         "262144",
         "largest chat request body from widget traffic (public keys; decoded size)",
     ),
+    Variable(
+        "KVGATE_TOOL_ALLOWED_HOSTS",
+        _str,
+        "",
+        "tenant tools: hosts (host or host:port, comma-separated) that may use http and "
+        "non-public addresses; every other tool URL is https to a public address",
+    ),
+    Variable("KVGATE_TOOL_TIMEOUT_S", _positive_float, "5", "tenant tools: deadline of one call"),
+    Variable(
+        "KVGATE_TOOL_TURN_TIMEOUT_S",
+        _positive_float,
+        "30",
+        "tenant tools: deadline of every tool call of one chat turn together",
+    ),
+    Variable(
+        "KVGATE_TOOL_MAX_RESPONSE_BYTES", _int_ge1, "65536", "tenant tools: largest tool answer"
+    ),
+    Variable(
+        "KVGATE_TOOL_BREAKER_FAILURES",
+        _int_ge1,
+        "5",
+        "tenant tools: failures in a row that open an endpoint's circuit",
+    ),
+    Variable(
+        "KVGATE_TOOL_BREAKER_RESET_S",
+        _positive_float,
+        "30",
+        "tenant tools: an open circuit lets one trial call through after this long",
+    ),
     Variable("KVGATE_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "log level"),
     Variable("KVGATE_LOG_JSON", _bool, "true", "JSON log lines (false: console format)"),
     Variable("KVGATE_SERVICE_NAME", _str, "kvgate-gateway", "OTel service.name"),
@@ -302,6 +353,38 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_SPILL_QUEUE_S", _positive_float, "0.5", "queue delay that spills requests"),
     Variable("KVGATE_REPLICA_RPS", _positive_float, "2", "tenant requests/s per pinned replica"),
     Variable("KVGATE_LOAD_WINDOW_S", _positive_float, "10", "tenant load statistics window"),
+    Variable("KVGATE_USAGE_LEDGER", _bool, "true", "usage ledger: one record per chat request"),
+    Variable(
+        "KVGATE_USAGE_SPOOL_DIR",
+        _opt_str,
+        "",
+        "usage records' local spool (one per gateway process); "
+        "unset: <KVGATE_VAR_DIR>/usage-spool/port-<KVGATE_PORT>",
+    ),
+    Variable("KVGATE_USAGE_FLUSH_S", _positive_float, "0.1", "usage batch interval (fsync + DB)"),
+    Variable("KVGATE_USAGE_BATCH", _int_ge1, "500", "usage records per batch at most"),
+    Variable(
+        "KVGATE_USAGE_DB_TIMEOUT_S", _positive_float, "10", "one usage batch's database deadline"
+    ),
+    Variable(
+        "KVGATE_USAGE_RETENTION_DAYS",
+        _opt_int,
+        "",
+        "raw usage records kept this many days (PostgreSQL: whole months); unset: kept",
+    ),
+    Variable(
+        "KVGATE_USAGE_PRICES",
+        _opt_str,
+        "",
+        'USD per 1M tokens per model: JSON {"m": {"input", "cached_input", "output"}} or @file',
+    ),
+    Variable("KVGATE_BUDGET_TIMEZONE", _str, "UTC", "time zone of budget days and months"),
+    Variable(
+        "KVGATE_BUDGET_FAIL_MODE",
+        _choice("closed", "open"),
+        "closed",
+        "budget state unknown (Redis or database down): refuse (closed) or admit (open)",
+    ),
     # Read by tenants/settings.py (TenantStoreSettings.from_env); listed so the TOML file and
     # the configuration table know them.
     Variable("KVGATE_DATABASE_URL", _str, None, "tenant DB; unset: SQLite under var/"),
@@ -398,6 +481,7 @@ class ModelSettings:
     pin_cap_fraction: float
     device: str
     dtype: str
+    weights: str
     max_num_seqs: int
     default_max_tokens: int
     # Sampling parameters a request leaves out (gateway/chat/views.py ``sampling_params``).
@@ -421,6 +505,7 @@ class ModelSettings:
             pin_cap_fraction=value(src, "KVGATE_PIN_CAP_FRACTION"),
             device=value(src, "KVGATE_DEVICE"),
             dtype=value(src, "KVGATE_DTYPE"),
+            weights=value(src, "KVGATE_WEIGHTS"),
             max_num_seqs=value(src, "KVGATE_MAX_NUM_SEQS"),
             gpu_memory_utilization=value(src, "KVGATE_GPU_MEMORY_UTILIZATION"),
             cuda_graphs=value(src, "KVGATE_CUDA_GRAPHS"),
@@ -441,6 +526,7 @@ class ModelSettings:
             "pin_cap_fraction": self.pin_cap_fraction,
             "device": self.device,
             "dtype": self.dtype,
+            "weights": self.weights,
             "max_num_seqs": self.max_num_seqs,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "cuda_graphs": self.cuda_graphs,
@@ -454,7 +540,7 @@ class ModelSettings:
 
 
 def _snapshot_key(src: Mapping[str, str]) -> str | None:
-    key = value(src, "KVGATE_KV_SNAPSHOT_KEY")
+    key: str | None = value(src, "KVGATE_KV_SNAPSHOT_KEY")
     if key is not None and len(key) < 32:  # the message never quotes a secret
         raise SettingsError("KVGATE_KV_SNAPSHOT_KEY: must be at least 32 characters")
     return key
@@ -502,12 +588,16 @@ class RateLimitSettings:
 class AuthSettings:
     admin_token: str | None = field(repr=False)  # a secret: never in a printed or logged repr
     key_cache_ttl_s: float
+    session_idle_s: float = 1800.0  # admin console sessions (gateway/admin/session.py)
+    session_max_s: float = 43200.0
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> AuthSettings:
         return cls(
             admin_token=value(src, "KVGATE_ADMIN_TOKEN"),
             key_cache_ttl_s=value(src, "KVGATE_KEY_CACHE_TTL_S"),
+            session_idle_s=value(src, "KVGATE_ADMIN_SESSION_IDLE_S"),
+            session_max_s=value(src, "KVGATE_ADMIN_SESSION_MAX_S"),
         )
 
 
@@ -548,6 +638,29 @@ class WidgetSettings:
             demo=mode == "true" or (mode == "auto" and embedded and local),
             session_rpm=value(src, "KVGATE_WIDGET_SESSION_RPM"),
             max_body_bytes=value(src, "KVGATE_WIDGET_MAX_BODY_BYTES"),
+        )
+
+
+@dataclass(frozen=True)
+class ToolSettings:
+    """Tools the gateway runs for tenants (gateway/tools_exec/, docs/tools.md)."""
+
+    allowed_hosts: str = ""
+    timeout_s: float = 5.0
+    turn_timeout_s: float = 30.0
+    max_response_bytes: int = 64 << 10
+    breaker_failures: int = 5
+    breaker_reset_s: float = 30.0
+
+    @classmethod
+    def from_source(cls, src: Mapping[str, str]) -> ToolSettings:
+        return cls(
+            allowed_hosts=value(src, "KVGATE_TOOL_ALLOWED_HOSTS"),
+            timeout_s=value(src, "KVGATE_TOOL_TIMEOUT_S"),
+            turn_timeout_s=value(src, "KVGATE_TOOL_TURN_TIMEOUT_S"),
+            max_response_bytes=value(src, "KVGATE_TOOL_MAX_RESPONSE_BYTES"),
+            breaker_failures=value(src, "KVGATE_TOOL_BREAKER_FAILURES"),
+            breaker_reset_s=value(src, "KVGATE_TOOL_BREAKER_RESET_S"),
         )
 
 
@@ -595,6 +708,36 @@ class ClusterSettings:
         )
 
 
+def _usage_settings(src: Mapping[str, str], var_dir: Path, port: int) -> UsageSettings:
+    spool = value(src, "KVGATE_USAGE_SPOOL_DIR")
+    retention = value(src, "KVGATE_USAGE_RETENTION_DAYS")
+    if retention is not None and retention < 1:
+        raise SettingsError("KVGATE_USAGE_RETENTION_DAYS: must be >= 1")
+    try:
+        prices = parse_price_table(value(src, "KVGATE_USAGE_PRICES") or "")
+    except (OSError, ValueError) as exc:
+        raise SettingsError(f"KVGATE_USAGE_PRICES: {exc}") from None
+    tz_name = value(src, "KVGATE_BUDGET_TIMEZONE")
+    try:
+        tz = ZoneInfo(tz_name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise SettingsError(f"KVGATE_BUDGET_TIMEZONE: unknown time zone {tz_name!r}") from None
+    return UsageSettings(
+        enabled=value(src, "KVGATE_USAGE_LEDGER"),
+        # one per listening port: replicas on one host never share a spool, and a restart on
+        # the same port replays its own
+        spool_dir=Path(spool) if spool else var_dir / "usage-spool" / f"port-{port}",
+        flush_s=value(src, "KVGATE_USAGE_FLUSH_S"),
+        batch_size=value(src, "KVGATE_USAGE_BATCH"),
+        db_deadline_s=value(src, "KVGATE_USAGE_DB_TIMEOUT_S"),
+        retry_s=value(src, "KVGATE_DB_RETRY_S"),
+        retention_days=retention,
+        prices=prices,
+        budget_timezone=tz,
+        budget_fail_open=value(src, "KVGATE_BUDGET_FAIL_MODE") == "open",
+    )
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything ``create_app`` needs, validated once at start."""
@@ -608,6 +751,8 @@ class Settings:
     cluster: ClusterSettings = ClusterSettings()
     widget: WidgetSettings = WidgetSettings(demo=False)
     database: DatabaseSettings = DatabaseSettings()
+    usage: UsageSettings = field(default_factory=UsageSettings)
+    tools: ToolSettings = ToolSettings()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -631,6 +776,8 @@ class Settings:
             cluster=ClusterSettings.from_source(src),
             widget=widget,
             database=DatabaseSettings.from_source(src),
+            usage=_usage_settings(src, server.var_dir, server.port),
+            tools=ToolSettings.from_source(src),
         )
 
 

@@ -1,6 +1,11 @@
-"""The tenant prefix: a tenant's system prompt rendered as its own token segment.
+"""The tenant prefix: a tenant's system prompt (and its tools) rendered as its own token segment.
 
-    rendered prefix  = template([tenant system])                   (no generation prompt)
+    rendered prefix  = template([tenant system, *tool turns], **tool kwargs)   (no gen. prompt)
+
+The tool parts are the tenant's tool definitions as the model's template takes them
+(gateway/chat/tools/tenant.py builds them with gateway/chat/tools/render.py): ``tools=`` for a
+template that renders tools itself, else one system turn with the family's instructions. So a
+tenant's tools are inside the pinned prefix and cost no prefill.
 
 Tokenized on its own, so a BPE merge never crosses into the conversation after it
 (gateway/chat/prompt.py): every request of a tenant starts with exactly ``prefix.ids``, the
@@ -9,18 +14,23 @@ tokens the pin manager (gateway/pins.py) pins and the admin API counts against t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.runtime.model.chat_encoding import ControlMarks
 
 
 class ChatTokenizer(Protocol):
+    control_marks: ControlMarks
+
     def apply_chat_template(
         self,
-        messages: Sequence[dict[str, str]],
-        *,
+        messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = ...,
+        *,
         marked: bool = ...,
+        **extra: Any,
     ) -> str: ...
 
     def encode(self, text: str) -> list[int]: ...
@@ -40,12 +50,24 @@ class TenantPrefix:
     system_prompt: str | None
     rendered: str
     ids: tuple[int, ...]
+    # The template's messages and keyword arguments of the prefix (the conversation follows).
+    turns: tuple[Mapping[str, Any], ...] = ()
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
-def build_prefix(tokenizer: ChatTokenizer, system_prompt: str | None) -> TenantPrefix:
+def build_prefix(
+    tokenizer: ChatTokenizer,
+    system_prompt: str | None,
+    tool_turns: Sequence[Mapping[str, Any]] = (),
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> TenantPrefix:
     if not system_prompt:
         return TenantPrefix(None, "", ())
-    turn = [{"role": "system", "content": system_prompt}]
-    plain = tokenizer.apply_chat_template(turn, add_generation_prompt=False)
-    marked = tokenizer.apply_chat_template(turn, add_generation_prompt=False, marked=True)
-    return TenantPrefix(system_prompt, marked, tuple(tokenizer.encode(plain)))
+    turns = ({"role": "system", "content": system_prompt}, *tool_turns)
+    kwargs = dict(template_kwargs or {})
+    plain = tokenizer.apply_chat_template(turns, add_generation_prompt=False, **kwargs)
+    marked = tokenizer.apply_chat_template(
+        turns, add_generation_prompt=False, marked=True, **kwargs
+    )
+    ids = tuple(tokenizer.encode(plain))
+    return TenantPrefix(system_prompt, marked, ids, turns, kwargs)

@@ -4,7 +4,7 @@ Rendering and encoding a prompt costs about a microsecond per character (a 1 MiB
 of CPU), and on the event loop that time would stall every other request. So::
 
     work <= INLINE_WORK characters        on the loop (a few ms at most; no thread hop)
-    larger                                on ``threads`` worker threads; the HF tokenizer's
+    larger, or a grammar to compile       on ``threads`` worker threads; the HF tokenizer's
                                           encode releases the GIL, so the loop keeps running
 
 The worker threads run at the lowest CPU priority (``nice`` 19 on Linux, where it is per thread):
@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from gateway.errors import ApiError
 
@@ -52,14 +53,17 @@ def _lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
 
 
-def prompt_work(chars: int, messages: int) -> int:
-    return chars + MESSAGE_WORK * messages
+def prompt_work(chars: int, messages: int, *, grammar: bool = False) -> int:
+    """The work estimate of a prompt; one with a grammar to compile always goes to the threads
+    (compiling a schema takes milliseconds to seconds, whatever the prompt's size)."""
+    work = chars + MESSAGE_WORK * messages
+    return max(work, INLINE_WORK + 1) if grammar else work
 
 
 @dataclass(eq=False)
-class _Job:
-    fn: Callable[[], Any]
-    done: asyncio.Future[Any] = field(
+class _Job(Generic[T]):
+    fn: Callable[[], T]
+    done: asyncio.Future[T] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     started: bool = False
@@ -75,7 +79,7 @@ class TokenizePool:
         self._executor = ThreadPoolExecutor(
             self.threads, thread_name_prefix="kvgate-tokenize", initializer=_lower_priority
         )
-        self._waiting: dict[str, deque[_Job]] = {}  # tenant -> its jobs not started, in order
+        self._waiting: dict[str, deque[_Job[Any]]] = {}  # tenant -> its jobs not started, in order
         self._held: dict[str, int] = {}  # tenant -> jobs waiting or running
         self._served: dict[str, int] = {}  # tenant (with jobs held) -> when it last had a turn
         self._turns = 0
@@ -91,7 +95,7 @@ class TokenizePool:
         self._waiting.setdefault(tenant, deque()).append(job)
         self._dispatch()
         try:
-            return await job.done  # type: ignore[no-any-return]
+            return await job.done
         except asyncio.CancelledError:
             if not job.started:  # the client left before its turn: never run it
                 self._withdraw(tenant, job)
@@ -128,9 +132,9 @@ class TokenizePool:
             job.started = True
             self._running += 1
             future = asyncio.wrap_future(self._executor.submit(job.fn))
-            future.add_done_callback(lambda f, t=tenant, j=job: self._finished(t, j, f))
+            future.add_done_callback(functools.partial(self._finished, tenant, job))
 
-    def _finished(self, tenant: str, job: _Job, future: asyncio.Future[Any]) -> None:
+    def _finished(self, tenant: str, job: _Job[Any], future: asyncio.Future[Any]) -> None:
         self._running -= 1
         self._release(tenant)
         exc = None if future.cancelled() else future.exception()
@@ -143,7 +147,7 @@ class TokenizePool:
                 job.done.set_result(future.result())
         self._dispatch()
 
-    def _withdraw(self, tenant: str, job: _Job) -> None:
+    def _withdraw(self, tenant: str, job: _Job[Any]) -> None:
         queue = self._waiting.get(tenant)
         if queue is not None:
             with contextlib.suppress(ValueError):

@@ -1,5 +1,8 @@
 """``kvgate migrate`` and ``kvgate tenants ...``: operator commands on the database directly.
 
+Admin principals: ``create-admin``, ``list-admins``, ``show-admin``, ``revoke-admin``
+(tenants/admin_cli.py).
+
 ``main(argv)`` gets argv[0] = the command name ("migrate" or "tenants"). The database is
 ``--database-url`` or KVGATE_DATABASE_URL (default: the embedded SQLite file). Mutations write
 audit rows with actor "cli" and, when KVGATE_REDIS_URL is set, announce the change to running
@@ -15,20 +18,23 @@ import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from tenants.admin_cli import ADMIN_ACTIONS, add_admin_commands
 from tenants.errors import ConfigError, TenantStoreError
 from tenants.events import EventBus, RedisEventBridge
 from tenants.schemas import KeyCreate, KeyLimitsIn, LimitsIn, TenantCreate, TenantPatch, parse
 from tenants.settings import TenantStoreSettings
 from tenants.store import TenantStore
+from tenants.tool_service import ToolStore, parse_prompt_body
 
 ACTOR = "cli"
-LIMIT_OPTS = ("rpm", "tpm", "max_concurrency", "max_output_tokens")
+LIMIT_OPTS = ("rpm", "tpm", "max_concurrency", "max_output_tokens", "weight")
 KEY_LIMIT_OPTS = ("rpm", "tpm", "max_concurrency")
 LIMIT_HELP = {
+    "weight": "fair share of the engine while tenants compete (default 1)",
     "rpm": "requests per minute",
     "tpm": "tokens per minute (prompt + completion)",
     "max_concurrency": "requests in flight at once",
@@ -43,7 +49,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _add_limits(p: argparse.ArgumentParser, names: Sequence[str] = LIMIT_OPTS) -> None:
     for name in names:
         flag = f"--{name.replace('_', '-')}"
-        p.add_argument(flag, type=int, dest=name, metavar="N", help=LIMIT_HELP[name])
+        kind = float if name == "weight" else int
+        p.add_argument(flag, type=kind, dest=name, metavar="N", help=LIMIT_HELP[name])
 
 
 def _add_prompt(p: argparse.ArgumentParser, required: bool) -> None:
@@ -84,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     _tenant_cmd(sub, "delete", "soft-delete a tenant: its keys stop authenticating (401)")
     p = _tenant_cmd(sub, "set-prompt", "set the system prompt (a new version, made active)")
     _add_prompt(p, required=True)
+    p.add_argument(
+        "--tools-file",
+        help="JSON file: the version's tools (a list), or an object with tools, tool_choice "
+        "and max_tool_rounds, as PUT .../system-prompt takes them",
+    )
     _tenant_cmd(sub, "prompt-versions", "list the system prompt versions, newest first")
     _version_cmd(sub, "show-prompt", "print one system prompt version with its text")
     _version_cmd(
@@ -123,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("audit", help="show the audit log, newest first")
     p.add_argument("--tenant", help="only this tenant's rows")
     p.add_argument("--limit", type=int, default=50, help="rows to show (1..200, default 50)")
+    add_admin_commands(sub)
     for action in sub.choices.values():
         _common(action)
     return root
@@ -130,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _prompt_text(args: argparse.Namespace) -> str | None:
     if args.prompt_file is None:
-        return args.prompt
+        prompt: str | None = args.prompt
+        return prompt
     if args.prompt_file == "-":
         return sys.stdin.read()
     return Path(args.prompt_file).read_text(encoding="utf-8")
@@ -180,7 +194,7 @@ async def _show(store: TenantStore, args: argparse.Namespace) -> None:
     _dump(await store.get_tenant(args.id))
 
 
-def _status_change(status: str) -> Action:
+def _status_change(status: Literal["active", "suspended"]) -> Action:
     async def run(store: TenantStore, args: argparse.Namespace) -> None:
         tenant = await store.update_tenant(args.id, TenantPatch(status=status), actor=ACTOR)
         print(f"tenant {tenant.id} is {tenant.status}")
@@ -194,8 +208,15 @@ async def _delete(store: TenantStore, args: argparse.Namespace) -> None:
 
 
 async def _set_prompt(store: TenantStore, args: argparse.Namespace) -> None:
-    version = await store.set_system_prompt(args.id, _prompt_text(args) or "", actor=ACTOR)
-    print(f"tenant {args.id}: system prompt version {version} is active")
+    body: dict[str, Any] = {"text": _prompt_text(args) or ""}
+    if args.tools_file is not None:
+        spec = json.loads(Path(args.tools_file).read_text(encoding="utf-8"))
+        body.update({"tools": spec} if isinstance(spec, list) else spec)
+    out = await ToolStore(store).set_prompt(args.id, parse_prompt_body(body), actor=ACTOR)
+    tools = len(body.get("tools") or ())
+    print(f"tenant {args.id}: system prompt version {out.version} is active ({tools} tools)")
+    if out.webhook_secret is not None:
+        print(f"webhook signing secret (shown once): {out.webhook_secret}")
 
 
 async def _prompt_versions(store: TenantStore, args: argparse.Namespace) -> None:
@@ -278,6 +299,7 @@ ACTIONS: dict[str, Action] = {
     "set-key-limits": _set_key_limits,
     "set-limits": _set_limits,
     "audit": _audit,
+    **ADMIN_ACTIONS,
 }
 
 

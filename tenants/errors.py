@@ -82,3 +82,9 @@ class TenantDeleted(TenantStoreError):
             param="id",
         )
         self.tenant_id = tenant_id
+
+
+class AdminNotFound(TenantStoreError):
+    def __init__(self, admin_id: str) -> None:
+        super().__init__(f"admin {admin_id!r} not found", param="admin_id")
+        self.admin_id = admin_id

@@ -22,12 +22,22 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
-ChangeKind = Literal["created", "updated", "prompt", "limits", "keys", "deleted"]
-CHANGE_KINDS: tuple[str, ...] = ("created", "updated", "prompt", "limits", "keys", "deleted")
+# ``admins``: an admin principal changed (revoked); ``tenant_id`` is its tenant, "" for a
+# platform admin. Listeners of tenant state ignore it; the admin token cache drops what it holds.
+ChangeKind = Literal["created", "updated", "prompt", "limits", "keys", "deleted", "admins"]
+CHANGE_KINDS: tuple[str, ...] = (
+    "created",
+    "updated",
+    "prompt",
+    "limits",
+    "keys",
+    "deleted",
+    "admins",
+)
 
 # What a ``keys`` event did to its key.
-KeyChange = Literal["created", "revoked", "limits"]
-KEY_CHANGES: tuple[str, ...] = ("created", "revoked", "limits")
+KeyChange = Literal["created", "revoked", "limits", "priority"]
+KEY_CHANGES: tuple[str, ...] = ("created", "revoked", "limits", "priority")
 
 # Which settings an ``updated`` event changed. Listeners act on each group alone:
 #   status   the tenant's status (the event's ``status`` says which)

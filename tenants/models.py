@@ -22,6 +22,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -84,6 +85,8 @@ class Tenant(Base):
     tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_output_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The engine's fair-share weight (migrations/versions/0005_*; NULL: 1.0).
+    weight: Mapped[float | None] = mapped_column(Float, nullable=True)
     # The embeddable widget (see migrations/versions/0002_wave2.py).
     widget_title: Mapped[str | None] = mapped_column(String(200), nullable=True)
     widget_greeting: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -97,12 +100,15 @@ class Tenant(Base):
     visitor_rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     visitor_tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     visitor_max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # HMAC-SHA256 key of the tenant's webhook tool calls (migrations/versions/0006_*).
+    tool_secret: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class ApiKey(Base):
     __tablename__ = "api_keys"
     __table_args__ = (
         CheckConstraint("kind IN ('server', 'widget')", name="ck_api_keys_kind"),
+        CheckConstraint("priority IN ('interactive', 'batch')", name="ck_api_keys_priority"),
         Index("ix_api_keys_tenant_id", "tenant_id"),
     )
 
@@ -119,6 +125,8 @@ class ApiKey(Base):
     rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The engine's priority class of this key's requests (batch: capacity interactive leaves).
+    priority: Mapped[str] = mapped_column(String(16), default="interactive")
 
 
 class SystemPrompt(Base):
@@ -132,6 +140,23 @@ class SystemPrompt(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     created_by: Mapped[str] = mapped_column(String(200))
+    # The version's tools (tenants/tools.py) and how the gateway uses them; NULL: none.
+    tools: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    tool_options: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class McpServer(Base):
+    """A tenant's MCP server and the tools it listed when added (a snapshot)."""
+
+    __tablename__ = "mcp_servers"
+    __table_args__ = (Index("ix_mcp_servers_tenant_id", "tenant_id"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    url: Mapped[str] = mapped_column(Text)
+    bearer: Mapped[str | None] = mapped_column(Text, nullable=True)  # never returned or logged
+    tools: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class AuditLog(Base):
@@ -147,4 +172,35 @@ class AuditLog(Base):
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
-ALL_TABLES = ("audit_log", "system_prompts", "api_keys", "tenants")
+class AdminPrincipal(Base):
+    """An admin token's holder (migrations/versions/0007_*): ``tenant_id`` NULL is a platform
+    admin, else the admin of that tenant; only the token's SHA-256 is kept."""
+
+    __tablename__ = "admin_principals"
+    __table_args__ = (
+        CheckConstraint("access IN ('editor', 'viewer')", name="ck_admin_principals_access"),
+        Index("ix_admin_principals_tenant_id", "tenant_id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant_id: Mapped[str | None] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True
+    )
+    access: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(200))
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+# Children first (clearing tables in this order never breaks a foreign key).
+ALL_TABLES = (
+    "audit_log",
+    "admin_principals",
+    "mcp_servers",
+    "system_prompts",
+    "api_keys",
+    "tenants",
+)

@@ -39,6 +39,7 @@ def tenant_out(tenant: Tenant, keys: list[ApiKey] | None = None) -> TenantOut:
             tpm=tenant.tpm,
             max_concurrency=tenant.max_concurrency,
             max_output_tokens=tenant.max_output_tokens,
+            weight=tenant.weight,
         ),
         keys=None if keys is None else [KeyOut.model_validate(k) for k in keys],
     )
@@ -89,6 +90,8 @@ def _prompt_out(prompt: SystemPrompt, active_version: int | None) -> PromptOut:
         created_at=prompt.created_at,
         created_by=prompt.created_by,
         active=prompt.version == active_version,
+        tools=prompt.tools,
+        **(prompt.tool_options or {}),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from sqlalchemy import ColumnElement, Select, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -10,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from tenants.keys import key_matches, key_prefix
 from tenants.models import ApiKey, SystemPrompt, Tenant
 from tenants.settings import DEFAULT_LIMITS, Limits
+from tenants.tools import DEFAULT_TOOL_ROUNDS, TenantTool, runtime_tools
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,7 @@ class KeyIdentity:
     rpm: int | None = None
     tpm: int | None = None
     max_concurrency: int | None = None
+    priority: Literal["interactive", "batch"] = "interactive"  # the engine's class of its requests
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,16 @@ class WidgetPolicy:
 
 
 @dataclass(frozen=True)
+class ToolPolicy:
+    """The active version's tools and how the gateway uses them (tenants/tools.py)."""
+
+    tools: tuple[TenantTool, ...] = ()
+    # The choice of requests that send none (the widget's): a mode or a named function.
+    tool_choice: Literal["auto", "required", "none"] | dict[str, Any] = "auto"
+    max_rounds: int = DEFAULT_TOOL_ROUNDS  # rounds of gateway-run tools per turn
+
+
+@dataclass(frozen=True)
 class TenantRuntime:
     """Everything the request path needs about a tenant. ``limits`` are resolved (no None)."""
 
@@ -53,6 +66,7 @@ class TenantRuntime:
     widget: WidgetPolicy = WidgetPolicy()
     # Per-visitor limits of widget traffic (tenants.visitor_*); None: the gateway's default.
     visitor_limits: Limits = field(default_factory=Limits)
+    tool_policy: ToolPolicy = ToolPolicy()
 
 
 async def authenticate_key(session: AsyncSession, secret: str) -> KeyIdentity | None:
@@ -101,17 +115,29 @@ def _identity(key: ApiKey) -> KeyIdentity:
         rpm=key.rpm,
         tpm=key.tpm,
         max_concurrency=key.max_concurrency,
+        priority="batch" if key.priority == "batch" else "interactive",
     )
 
 
-def _runtime(tenant: Tenant, prompt_text: str | None, defaults: Limits) -> TenantRuntime:
-    raw = Limits(tenant.rpm, tenant.tpm, tenant.max_concurrency, tenant.max_output_tokens)
+def _tool_policy(prompt: SystemPrompt | None) -> ToolPolicy:
+    options = (prompt.tool_options if prompt is not None else None) or {}
+    return ToolPolicy(
+        tools=runtime_tools(prompt.tools if prompt is not None else None),
+        tool_choice=options.get("tool_choice", "auto"),
+        max_rounds=options.get("max_tool_rounds", DEFAULT_TOOL_ROUNDS),
+    )
+
+
+def _runtime(tenant: Tenant, prompt: SystemPrompt | None, defaults: Limits) -> TenantRuntime:
+    raw = Limits(
+        tenant.rpm, tenant.tpm, tenant.max_concurrency, tenant.max_output_tokens, tenant.weight
+    )
     return TenantRuntime(
         tenant_id=tenant.id,
         status=tenant.status,
         cache_salt=tenant.cache_salt,
         prompt_version=tenant.active_prompt_version,
-        prompt_text=prompt_text,
+        prompt_text=prompt.text if prompt is not None else None,
         limits=raw.resolve(defaults),
         allow_client_system=tenant.allow_client_system,
         widget=WidgetPolicy(
@@ -126,11 +152,12 @@ def _runtime(tenant: Tenant, prompt_text: str | None, defaults: Limits) -> Tenan
         visitor_limits=Limits(
             tenant.visitor_rpm, tenant.visitor_tpm, tenant.visitor_max_concurrency
         ),
+        tool_policy=_tool_policy(prompt),
     )
 
 
-def _with_prompt() -> Select[tuple[Tenant, str | None]]:
-    return select(Tenant, SystemPrompt.text).outerjoin(
+def _with_prompt() -> Select[Tenant, SystemPrompt | None]:
+    return select(Tenant, SystemPrompt).outerjoin(
         SystemPrompt,
         (SystemPrompt.tenant_id == Tenant.id)
         & (SystemPrompt.version == Tenant.active_prompt_version),
@@ -154,4 +181,4 @@ async def list_active_runtimes(
     rows = await session.execute(
         _with_prompt().where(Tenant.status == "active").order_by(Tenant.id)
     )
-    return [_runtime(t, text, defaults) for t, text in rows]
+    return [_runtime(t, prompt, defaults) for t, prompt in rows]

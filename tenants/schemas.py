@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from tenants.errors import InvalidField
+from tenants.tools import MAX_TOOL_ROUNDS, MAX_TOOLS, ToolChoiceIn, ToolIn
 
 # Validation patterns are always applied with ``fullmatch``: in Python ``$`` also matches before
 # a trailing newline, so ``match`` would accept "acme\n". They keep the ``^...$`` form because
@@ -30,6 +31,8 @@ TENANT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,61}[a-z0-9]$")
 MAX_PROMPT_CHARS = 200_000
 # Limits are INTEGER columns: a larger value would fail in the database, not in validation.
 MAX_LIMIT = 2**31 - 1
+MAX_WEIGHT = 1000.0  # a tenant's fair-share weight (engine/core/fairness.py)
+Priority = Literal["interactive", "batch"]  # a key's class in the engine's scheduler
 MAX_WIDGET_CHOICES = 128  # the chat API's own bound on n
 ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 
@@ -62,6 +65,12 @@ class LimitsIn(_In):
     tpm: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
     max_concurrency: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
     max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
+    weight: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_WEIGHT,
+        description="fair share of the engine while tenants compete (null: 1)",
+    )
 
 
 class KeyLimitsIn(_In):
@@ -97,13 +106,30 @@ class TenantPatch(_In):
 
 
 class PromptSet(_In):
+    """PUT /tenants/{id}/system-prompt: a new version (text and tools together), made active.
+    ``tools`` are checked first by tenants/tools.py (400 ``invalid_tools``)."""
+
     text: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    tools: list[ToolIn] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoiceIn | None = Field(
+        default=None, description="the choice of requests that send none (default auto)"
+    )
+    max_tool_rounds: int | None = Field(
+        default=None, ge=0, le=MAX_TOOL_ROUNDS, description="gateway-run tool rounds (4)"
+    )
+
+
+class KeyPriorityIn(_In):
+    """PUT /tenants/{id}/keys/{key_id}/priority: the engine's class of the key's requests."""
+
+    priority: Priority
 
 
 class KeyCreate(_In):
     kind: Literal["server", "widget"]
     allowed_origins: list[str] = Field(default_factory=list, max_length=50, validate_default=True)
     limits: KeyLimitsIn | None = None
+    priority: Priority = "interactive"
 
     @field_validator("allowed_origins")
     @classmethod
@@ -161,6 +187,7 @@ class LimitsOut(_Out):
     tpm: int | None
     max_concurrency: int | None
     max_output_tokens: int | None
+    weight: float | None = None
 
 
 class KeyLimitsOut(_Out):
@@ -178,6 +205,7 @@ class KeyOut(_Out):
     revoked_at: datetime | None
     last_used_at: datetime | None
     limits: KeyLimitsOut
+    priority: str = "interactive"
 
     @model_validator(mode="before")
     @classmethod
@@ -242,6 +270,9 @@ class PromptOut(_Out):
     created_at: datetime
     created_by: str
     active: bool
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] = "auto"
+    max_tool_rounds: int = 4
 
 
 class PromptList(_Out):
@@ -249,9 +280,17 @@ class PromptList(_Out):
 
 
 class PromptVersion(_Out):
-    """The answer of set-prompt: the new version, now active."""
+    """The answer of set-prompt: the new version, now active; ``webhook_secret`` once, when
+    this version's webhook tools made the tenant's signing secret (docs/tools.md)."""
 
     version: int
+    webhook_secret: str | None = None
+
+
+class ToolSecret(_Out):
+    """The tenant's new webhook signing secret (shown once)."""
+
+    webhook_secret: str
 
 
 class PromptActivated(_Out):
@@ -279,6 +318,14 @@ class TenantPage(_Out):
 class AuditPage(_Out):
     data: list[AuditOut]
     next_cursor: str | None
+
+
+class RequestModel(_In):
+    """The base of request schemas declared beside this module (tenants/admin_schemas.py)."""
+
+
+class ResponseModel(_Out):
+    """The base of response schemas declared beside this module."""
 
 
 M = TypeVar("M", bound=BaseModel)

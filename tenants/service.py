@@ -31,14 +31,16 @@ from tenants.schemas import (
     KeyLimitsIn,
     KeyLimitsOut,
     KeyOut,
+    KeyPriorityIn,
     LimitsIn,
     PromptActivated,
     TenantCreate,
     TenantOut,
     TenantPatch,
 )
+from tenants.tools import tools_digest
 
-LIMIT_FIELDS = ("rpm", "tpm", "max_concurrency", "max_output_tokens")
+LIMIT_FIELDS = ("rpm", "tpm", "max_concurrency", "max_output_tokens", "weight")
 KEY_LIMIT_FIELDS = ("rpm", "tpm", "max_concurrency")
 
 
@@ -90,7 +92,7 @@ async def create_tenant(session: AsyncSession, data: TenantCreate, *, actor: str
         "limits": limits.model_dump(),
     }
     if data.system_prompt:
-        session.add(_prompt_row(data.id, 1, data.system_prompt, actor))
+        session.add(prompt_row(data.id, 1, data.system_prompt, actor))
         details["prompt"] = {"version": 1, **prompt_digest(data.system_prompt)}
     await write_audit(session, actor, "tenant.create", data.id, details)
     return tenant_out(tenant, keys=[])
@@ -132,7 +134,7 @@ async def delete_tenant(session: AsyncSession, tenant_id: str, *, actor: str) ->
     return tenant_out(tenant)
 
 
-def _prompt_row(tenant_id: str, version: int, text: str, actor: str) -> SystemPrompt:
+def prompt_row(tenant_id: str, version: int, text: str, actor: str) -> SystemPrompt:
     return SystemPrompt(
         tenant_id=tenant_id,
         version=version,
@@ -143,7 +145,7 @@ def _prompt_row(tenant_id: str, version: int, text: str, actor: str) -> SystemPr
     )
 
 
-async def _claim_tenant_row(session: AsyncSession, tenant_id: str) -> None:
+async def claim_tenant_row(session: AsyncSession, tenant_id: str) -> None:
     """The first write of a prompt change: an UPDATE of the tenant row, so concurrent changes
     queue on that row (PostgreSQL) or on the database write lock (SQLite). Statements after it
     see every change committed before it (a new snapshot per statement on PostgreSQL)."""
@@ -159,7 +161,7 @@ async def _claim_tenant_row(session: AsyncSession, tenant_id: str) -> None:
         raise AssertionError("unreachable: tenant exists and is not deleted")
 
 
-async def _set_active_version(session: AsyncSession, tenant_id: str, version: int) -> None:
+async def set_active_version(session: AsyncSession, tenant_id: str, version: int) -> None:
     await session.execute(
         update(Tenant)
         .where(Tenant.id == tenant_id)
@@ -171,17 +173,17 @@ async def _set_active_version(session: AsyncSession, tenant_id: str, version: in
 async def set_system_prompt(session: AsyncSession, tenant_id: str, text: str, *, actor: str) -> int:
     """Add a prompt version and make it the active one; returns the new version.
 
-    The tenant row is claimed first (``_claim_tenant_row``): concurrent calls serialize, each
+    The tenant row is claimed first (``claim_tenant_row``): concurrent calls serialize, each
     numbers its version after the newest committed one (which need not be the active one after
     a rollback), and the last to commit is active.
     """
-    await _claim_tenant_row(session, tenant_id)
+    await claim_tenant_row(session, tenant_id)
     newest = await session.scalar(
         select(func.max(SystemPrompt.version)).where(SystemPrompt.tenant_id == tenant_id)
     )
     version = (newest or 0) + 1
-    await _set_active_version(session, tenant_id, version)
-    session.add(_prompt_row(tenant_id, version, text, actor))
+    await set_active_version(session, tenant_id, version)
+    session.add(prompt_row(tenant_id, version, text, actor))
     await session.flush()
     await write_audit(
         session, actor, "prompt.set", tenant_id, {"version": version, **prompt_digest(text)}
@@ -194,7 +196,7 @@ async def activate_prompt(
 ) -> PromptActivated:
     """Make an existing version the active one (rollback or roll forward). Activating the
     active version changes nothing and writes no audit row."""
-    await _claim_tenant_row(session, tenant_id)
+    await claim_tenant_row(session, tenant_id)
     prompt = await session.get(SystemPrompt, (tenant_id, version))
     if prompt is None:
         raise PromptVersionNotFound(tenant_id, version)
@@ -203,8 +205,13 @@ async def activate_prompt(
     )
     if previous == version:
         return PromptActivated(version=version, previous_version=previous, changed=False)
-    await _set_active_version(session, tenant_id, version)
-    details = {"version": version, "previous_version": previous, **prompt_digest(prompt.text)}
+    await set_active_version(session, tenant_id, version)
+    details = {
+        "version": version,
+        "previous_version": previous,
+        **prompt_digest(prompt.text),
+        **tools_digest(prompt.tools),
+    }
     await write_audit(session, actor, "prompt.activate", tenant_id, details)
     return PromptActivated(version=version, previous_version=previous, changed=True)
 
@@ -244,6 +251,7 @@ async def create_key(
             secret_sha256=new.secret_sha256,
             allowed_origins=origins,
             created_at=utcnow(),
+            priority=data.priority,
             **limits,
         )
     )
@@ -254,6 +262,7 @@ async def create_key(
         "prefix": new.prefix,
         "origins": origins,
         "limits": limits,
+        "priority": data.priority,
     }
     await write_audit(session, actor, "key.create", tenant_id, details)
     return KeyCreated(
@@ -289,6 +298,21 @@ async def set_key_limits(
         await session.flush()
         details = {"key_id": key_id, "before": before, "after": after}
         await write_audit(session, actor, "key.limits", tenant_id, details)
+    return KeyOut.model_validate(key)
+
+
+async def set_key_priority(
+    session: AsyncSession, tenant_id: str, key_id: str, data: KeyPriorityIn, *, actor: str
+) -> KeyOut:
+    """Set the engine's priority class of a key's requests (interactive | batch)."""
+    await lock_tenant(session, tenant_id, allow_deleted=False)
+    key = await _tenant_key(session, tenant_id, key_id)
+    before = key.priority
+    if before != data.priority:
+        key.priority = data.priority
+        await session.flush()
+        details = {"key_id": key_id, "before": before, "after": data.priority}
+        await write_audit(session, actor, "key.priority", tenant_id, details)
     return KeyOut.model_validate(key)
 
 

@@ -27,6 +27,9 @@ class Limits:
     tpm: int | None = None
     max_concurrency: int | None = None
     max_output_tokens: int | None = None
+    # Fair share of the engine (engine/core/fairness.py): service proportional to it while
+    # tenants compete; None: 1.0.
+    weight: float | None = None
 
     def resolve(self, defaults: Limits) -> Limits:
         """Fill every ``None`` from ``defaults``."""
@@ -43,6 +46,7 @@ class Limits:
                 if self.max_output_tokens is not None
                 else defaults.max_output_tokens
             ),
+            weight=self.weight if self.weight is not None else defaults.weight,
         )
 
 

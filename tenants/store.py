@@ -34,6 +34,7 @@ from tenants.schemas import (
     KeyCreated,
     KeyLimitsIn,
     KeyOut,
+    KeyPriorityIn,
     LimitsIn,
     PromptActivated,
     PromptOut,
@@ -193,6 +194,7 @@ class TenantStore:
         return out
 
     async def set_system_prompt(self, tenant_id: str, text: str, *, actor: str) -> int:
+        """A version of text alone (tools: tenants/tool_service.py's ``ToolStore``)."""
         version = await self._write(
             lambda s: service.set_system_prompt(s, tenant_id, text, actor=actor)
         )
@@ -225,6 +227,15 @@ class TenantStore:
             lambda s: service.set_key_limits(s, tenant_id, key_id, limits, actor=actor)
         )
         await self._key_changed(tenant_id, key_id, "limits")
+        return out
+
+    async def set_key_priority(
+        self, tenant_id: str, key_id: str, data: KeyPriorityIn, *, actor: str
+    ) -> KeyOut:
+        out = await self._write(
+            lambda s: service.set_key_priority(s, tenant_id, key_id, data, actor=actor)
+        )
+        await self._key_changed(tenant_id, key_id, "priority")
         return out
 
     async def create_key(self, tenant_id: str, data: KeyCreate, *, actor: str) -> KeyCreated:

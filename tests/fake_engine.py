@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator, Sequence
 
 from engine.api import DEFAULT_OPTIONS, EngineClient, EngineInfo, GenerateOptions, PinStatus
 from engine.api import PinTicket as PinTicket
-from engine.kv import CacheStats
+from engine.core.kv import CacheStats
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
 

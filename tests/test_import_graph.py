@@ -5,7 +5,7 @@ under ``TYPE_CHECKING``. An edge names the module whose code the importer needs:
 and ``from a import b`` (``b`` a module) point at ``a.b``, ``from a.b import name`` at ``a.b``.
 (Importing ``a.b`` also runs ``a/__init__.py``; that holds for every submodule and is not an
 edge of its own.) Checked twice: between modules, and between units (a package's top-level
-modules each, its subpackages such as ``gateway.widget`` or ``engine.kv`` as one each), so two
+modules each, its subpackages such as ``gateway.widget`` or ``engine.core.kv`` as one each), so two
 subpackages that import each other's modules are a cycle even when no two modules are.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "gateway", "tenants")
-TORCH_FREE = ("engine.kv", "engine.scheduler")  # and everything they import
+TORCH_FREE = ("engine.core.kv", "engine.core.scheduler")  # and everything they import
 TORCH = ("torch", "triton")
 Edges = dict[str, set[str]]
 
@@ -193,12 +193,15 @@ GRAPH = build_graph()
 
 def test_the_graph_sees_lazy_and_type_checking_imports() -> None:
     """The reader is not blind: imports inside functions and under TYPE_CHECKING are edges."""
-    code = "if TYPE_CHECKING:\n    from engine.kv import pool\ndef f():\n    import engine.runner\n"
+    code = (
+        "if TYPE_CHECKING:\n    from engine.core.kv import pool\n"
+        "def f():\n    import engine.runtime.runner\n"
+    )
     found = imports_in(ast.parse(code), "engine", GRAPH.modules)
-    assert sorted(found) == [("engine.kv.pool", 2), ("engine.runner", 4)]
-    assert "engine.runner" in GRAPH.edges["engine.engine"]  # inside from_pretrained
+    assert sorted(found) == [("engine.core.kv.pool", 2), ("engine.runtime.runner", 4)]
+    assert "engine.runtime.runner" in GRAPH.edges["engine.serving.engine"]  # inside from_pretrained
     assert "gateway.cluster.bootstrap" in GRAPH.edges["gateway.engine_source"]  # lazy
-    assert "torch" in GRAPH.external["engine.runner"]
+    assert "torch" in GRAPH.external["engine.runtime.runner"]
     assert GRAPH.where[("gateway.app", "gateway.engine_source")].startswith("gateway/app.py:")
 
 
@@ -237,9 +240,10 @@ def test_dependencies_point_one_way() -> None:
 
 
 def test_the_kv_cache_and_the_scheduler_reach_no_torch() -> None:
-    """Everything engine/kv and engine/scheduler.py import, transitively, lazily included."""
+    """Everything engine/core/kv and engine/core/scheduler.py import, transitively, lazily
+    included."""
     seen: dict[str, list[str]] = {
-        m: [m] for m in GRAPH.modules if m in TORCH_FREE or m.startswith("engine.kv.")
+        m: [m] for m in GRAPH.modules if m in TORCH_FREE or m.startswith("engine.core.kv.")
     }
     frontier = list(seen)
     while frontier:
@@ -254,3 +258,27 @@ def test_the_kv_cache_and_the_scheduler_reach_no_torch() -> None:
         for lib in sorted(GRAPH.external[mod] & set(TORCH))
     ]
     assert not wrong, "torch reached from the torch-free core:\n  " + "\n  ".join(wrong)
+
+
+ENGINE_LAYERS = (
+    "engine.core",
+    "engine.runtime",
+    "engine.serving",
+)  # each may import those before it
+
+
+def engine_layer(mod: str) -> int | None:
+    return next((i for i, p in enumerate(ENGINE_LAYERS) if mod.startswith(p + ".")), None)
+
+
+def test_engine_layers_import_downwards_only() -> None:
+    """serving -> runtime -> core: the core never reaches the model runtime or serving, the
+    runtime never reaches serving. (The boundary modules engine/*.py sit outside the order:
+    ``engine.api`` names the runtime's Tokenizer type, ``engine`` exports lazily.)"""
+    wrong = []
+    for src, dsts in GRAPH.edges.items():
+        for dst in dsts:
+            here, there = engine_layer(src), engine_layer(dst)
+            if here is not None and there is not None and there > here:
+                wrong.append(f"{src} -> {dst}  ({GRAPH.where[(src, dst)]})")
+    assert not wrong, "engine imports against the layer order:\n  " + "\n  ".join(wrong)

@@ -61,11 +61,11 @@ DENIED_BASES = {
 }
 # (file, rule, what) -> why it is allowed
 KNOWN = {
-    ("engine/model/linear.py", "private attribute", "ops._reorder_linear_weight"): (
+    ("engine/runtime/model/linear.py", "private attribute", "ops._reorder_linear_weight"): (
         "oneDNN's prepacked linear has no public binding in torch; isolated in one function, "
         "probed with hasattr and checked against F.linear on a probe before use (falls back)"
     ),
-    ("engine/model/linear.py", "private attribute", "ops._linear_pointwise"): (
+    ("engine/runtime/model/linear.py", "private attribute", "ops._linear_pointwise"): (
         "as above: the same oneDNN op pair, same guard"
     ),
 }

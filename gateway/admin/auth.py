@@ -1,38 +1,127 @@
-"""Admin bearer-token check. The token is known only by its SHA-256; comparison is constant-time."""
+"""Admin authentication and authorization, one middleware for every route of the sub-app.
+
+Order: the route's access rule (gateway/admin/access.py; none: refused) -> public routes pass
+-> the caller: ``Authorization: Bearer <admin token>``, else the console's session cookie (with
+``X-CSRF-Token`` on anything but GET/HEAD) -> ``authorize`` -> the handler, with the principal
+in ``CURRENT_PRINCIPAL`` (audit rows name it) and ``request[PRINCIPAL]``.
+"""
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import hmac
 
+import structlog
 from aiohttp import web
 
-from gateway.errors import ApiError, Handler
+from gateway.admin.access import Need, authorize, need_of
+from gateway.admin.context import CURRENT_PRINCIPAL, PRINCIPAL, SESSION
+from gateway.admin.principal import Principal, PrincipalCache
+from gateway.admin.session import COOKIE, CSRF_HEADER, SessionStore, SessionsUnavailable
+from gateway.errors import ApiError, Handler, Middleware
+
+READS = ("GET", "HEAD")
+log = structlog.get_logger(__name__)
 
 
-def _unauthorized(message: str) -> ApiError:
+def _unauthorized(message: str, code: str = "invalid_admin_token") -> ApiError:
     return ApiError(
         401,
         message,
         type_="authentication_error",
-        code="invalid_admin_token",
+        code=code,
         headers={"WWW-Authenticate": 'Bearer realm="kvgate-admin"'},
     )
 
 
-def admin_auth_middleware(token_sha256: str | None) -> web.Middleware:
-    expected = token_sha256.encode() if token_sha256 else None
+def _need(request: web.Request) -> Need | None:
+    """The rule of the matched route; unmatched paths (404/405 answers) need a principal."""
+    if request.match_info.http_exception is not None:
+        return Need("self", False)
+    resource = request.match_info.route.resource
+    return need_of(request.method, resource.canonical if resource else "")
 
+
+async def _from_bearer(cache: PrincipalCache, token: str) -> Principal:
+    principal = await cache.resolve(token.strip())
+    if principal is None:
+        raise _unauthorized("invalid admin token")
+    return principal
+
+
+async def _from_cookie(
+    cache: PrincipalCache, sessions: SessionStore, request: web.Request
+) -> Principal:
+    sid = request.cookies[COOKIE]
+    session = await sessions.get(sid)  # None also when the store cannot answer
+    if session is None:
+        raise _unauthorized("the console session has expired: sign in again", "session_expired")
+    if request.method not in READS:
+        sent = request.headers.get(CSRF_HEADER, "")
+        if not hmac.compare_digest(sent.encode(), session.csrf.encode()):
+            raise ApiError(
+                403,
+                f"missing or wrong {CSRF_HEADER} header",
+                type_="permission_error",
+                code="csrf_failed",
+            )
+    principal = await cache.resolve_digest(session.digest)
+    if principal is None:  # revoked or expired since sign-in
+        with contextlib.suppress(SessionsUnavailable):  # refused either way; idle TTL ends it
+            await sessions.close(sid)
+        raise _unauthorized("the admin token of this session is no longer valid", "session_expired")
+    request[SESSION] = session
+    return principal
+
+
+async def authenticate(
+    cache: PrincipalCache, sessions: SessionStore, request: web.Request
+) -> Principal:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return await _from_bearer(cache, token)
+    if request.cookies.get(COOKIE):
+        return await _from_cookie(cache, sessions, request)
+    raise _unauthorized("missing admin bearer token")
+
+
+def _log_write(request: web.Request, principal: Principal, outcome: int | str) -> None:
+    """One line per admin write: who, what, and the status (or the error it raised)."""
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource else "unmatched"
+    log.info(
+        "admin_write", principal=principal.id, method=request.method, route=route, outcome=outcome
+    )
+
+
+def admin_auth_middleware(cache: PrincipalCache, sessions: SessionStore) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected is None:
-            raise _unauthorized("admin API disabled: no admin token is configured")
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise _unauthorized("missing admin bearer token")
-        presented = hashlib.sha256(token.strip().encode()).hexdigest().encode()
-        if not hmac.compare_digest(presented, expected):
-            raise _unauthorized("invalid admin token")
-        return await handler(request)
+        need = _need(request)
+        if need is None:  # a route nobody declared (start-up refuses these): fail closed
+            raise ApiError(
+                403, "this route has no access rule", type_="permission_error", code="undeclared"
+            )
+        if need.scope == "public":
+            return await handler(request)
+        principal = await authenticate(cache, sessions, request)
+        authorize(principal, need, request)
+        request[PRINCIPAL] = principal
+        reset = CURRENT_PRINCIPAL.set(principal)
+        outcome: int | str = "cancelled"
+        try:
+            response = await handler(request)
+            outcome = response.status
+            return response
+        except web.HTTPException as exc:
+            outcome = exc.status
+            raise
+        except Exception as exc:  # a domain error: the error middleware answers it
+            outcome = type(exc).__name__
+            raise
+        finally:
+            CURRENT_PRINCIPAL.reset(reset)
+            if request.method not in READS:  # every write, also those without an audit row
+                _log_write(request, principal, outcome)
 
     return middleware

@@ -16,6 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from gateway.admin.context import ADMIN_CONTEXT, AdminContext
+from gateway.admin.tools import parse_prompt_set, set_prompt_version
 from gateway.errors import ApiError
 from tenants.errors import InvalidField, PromptTooLong
 from tenants.schemas import (
@@ -23,10 +24,9 @@ from tenants.schemas import (
     KeyCreate,
     KeyLimitsIn,
     KeyList,
+    KeyPriorityIn,
     LimitsIn,
     PromptList,
-    PromptSet,
-    PromptVersion,
     TenantCreate,
     TenantPatch,
     parse,
@@ -120,13 +120,10 @@ async def delete_tenant(request: web.Request) -> web.Response:
 
 
 async def set_prompt(request: web.Request) -> web.Response:
-    data = parse(PromptSet, await _body(request))
+    """A new version: text and tools together (gateway/admin/tools.py)."""
+    data = parse_prompt_set(await _body(request))
     _check_prompt(request, data.text, "text")
-    ctx = _ctx(request)
-    version = await ctx.store.set_system_prompt(
-        request.match_info["id"], data.text, actor=ctx.actor
-    )
-    return _json(PromptVersion(version=version))
+    return await set_prompt_version(request, data)
 
 
 async def list_prompts(request: web.Request) -> web.Response:
@@ -171,6 +168,13 @@ async def revoke_key(request: web.Request) -> web.Response:
     return _json(await ctx.store.revoke_key(tenant_id, key_id, actor=ctx.actor))
 
 
+async def set_key_priority(request: web.Request) -> web.Response:
+    data = parse(KeyPriorityIn, await _body(request))
+    ctx = _ctx(request)
+    tenant_id, key_id = request.match_info["id"], request.match_info["key_id"]
+    return _json(await ctx.store.set_key_priority(tenant_id, key_id, data, actor=ctx.actor))
+
+
 async def set_limits(request: web.Request) -> web.Response:
     limits = parse(LimitsIn, await _body(request))
     ctx = _ctx(request)
@@ -201,6 +205,16 @@ async def list_audit(request: web.Request) -> web.Response:
     return _json(page)
 
 
+async def tenant_audit(request: web.Request) -> web.Response:
+    """One tenant's audit rows (what its own admins may read)."""
+    store = _ctx(request).store
+    tenant = await store.get_tenant(request.match_info["id"])  # 404 for unknown tenants
+    page = await store.list_audit(
+        tenant_id=tenant.id, limit=_limit(request), cursor=request.query.get("cursor")
+    )
+    return _json(page)
+
+
 def add_routes(app: web.Application) -> None:
     t = "/v1/tenants/{id}"
     app.router.add_routes(
@@ -218,8 +232,10 @@ def add_routes(app: web.Application) -> None:
             web.get(f"{t}/keys", list_keys),
             web.delete(f"{t}/keys/{{key_id}}", revoke_key),
             web.put(f"{t}/keys/{{key_id}}/limits", set_key_limits),
+            web.put(f"{t}/keys/{{key_id}}/priority", set_key_priority),
             web.put(f"{t}/limits", set_limits),
             web.get(f"{t}/cache", get_cache),
+            web.get(f"{t}/audit", tenant_audit),
             web.get("/v1/audit", list_audit),
         ]
     )

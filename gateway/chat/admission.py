@@ -7,18 +7,34 @@ the client one request of its RPM (``Limiter.charge``); a client with none left 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable
-from functools import partial
+from dataclasses import dataclass
 from typing import TypeVar
 
 from aiohttp import web
 
 from engine.params import SamplingParams
 from gateway.auth import Principal
-from gateway.chat.bounds import check_choices, check_logprobs_size, too_wide_error
+from gateway.chat.bounds import (
+    check_choices,
+    check_logprobs_size,
+    message_cap,
+    too_wide_error,
+)
 from gateway.chat.observe import RequestObserver
-from gateway.chat.prompt import assemble, check_bounds, check_client_system, context_length_error
+from gateway.chat.prompt import (
+    assemble,
+    check_bounds,
+    check_client_system,
+    context_length_error,
+    shared_prefix,
+)
 from gateway.chat.schemas import ChatRequest, parse_chat_request
+from gateway.chat.tools.plan import OutputPlan, plan_output
+from gateway.chat.tools.render import tool_texts
+from gateway.chat.tools.tenant import request_choice, tenant_tool_defs
+from gateway.chat.tools.validate import check_plan, needs_compile
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState
 from gateway.errors import ApiError
 from gateway.pins import PromptEntry
@@ -33,7 +49,9 @@ T = TypeVar("T")
 
 
 async def read_body(request: web.Request, state: GatewayState, principal: Principal) -> ChatRequest:
-    body = parse_chat_request(await _body_bytes(request, principal))
+    cap = message_cap(state.engine.info.max_model_len)
+    declared = [t.name for t in principal.runtime.tool_policy.tools]
+    body = parse_chat_request(await _body_bytes(request, principal), cap, declared)
     if body.model != state.model_name:
         raise ApiError(
             404,
@@ -42,6 +60,8 @@ async def read_body(request: web.Request, state: GatewayState, principal: Princi
             param="model",
         )
     check_client_system(body.messages, principal.allow_client_system, widget=principal.is_widget)
+    if principal.is_widget:
+        check_widget_tools(body)
     check_choices(
         body.num_choices,
         widget=principal.is_widget,
@@ -67,6 +87,30 @@ async def _body_bytes(request: web.Request, principal: Principal) -> bytes:
             raise _widget_body_too_large(limit)
         parts.append(chunk)
     return b"".join(parts)
+
+
+def check_widget_tools(body: ChatRequest) -> None:
+    """Widget keys are public: a page's visitor may not declare tools (a tenant's tools are set
+    server-side), send tool turns or ask for a schema (a grammar compile anyone could make the
+    gateway pay for). The widget itself never sends them."""
+    fields = (
+        ("tools", bool(body.tools)),
+        ("tool_choice", body.tool_choice not in (None, "none")),
+        (
+            "response_format",
+            body.response_format is not None and body.response_format.type != "text",
+        ),
+    )
+    for name, used in fields:
+        if used:
+            raise _widget_refusal(name, f"{name} is not accepted from the widget")
+    for i, m in enumerate(body.messages):
+        if m.tool_calls or m.role == "tool":
+            raise _widget_refusal(f"messages[{i}]", "tool turns are not accepted from the widget")
+
+
+def _widget_refusal(param: str, message: str) -> ApiError:
+    return ApiError(400, message, param=param, code="not_allowed_for_widget")
 
 
 def _widget_body_too_large(limit: int) -> ApiError:
@@ -101,6 +145,18 @@ async def _charge_refusal(request: web.Request, principal: Principal, refusal: E
         raise rate_limit_error(decision) from refusal
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready for the limiter: its prompt, its parameters (a grammar among them), how
+    many leading prompt tokens are the tenant prefix's (every end user's), and what its answer
+    is parsed for."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    shared_tokens: int
+    plan: OutputPlan
+
+
 async def prepare(
     request: web.Request,
     state: GatewayState,
@@ -108,15 +164,30 @@ async def prepare(
     body: ChatRequest,
     rt: TenantRuntime,
     obs: RequestObserver,
-) -> tuple[list[int], SamplingParams]:
+) -> Prepared:
     """Prompt ids and sampling parameters, or the refusal: cheap bounds first, then the prompt
-    (on the loop or the tokenize threads), then the limits that need its length."""
+    and the grammar check (on the loop or the tokenize threads), then the limits that need its
+    length."""
     max_len = state.engine.info.max_model_len
-    chars = check_bounds(body.messages, max_len, state.tokenizer.text_bound)
-    work = prompt_work(chars, len(body.messages))
-    prompt_ids = await state.prompts.run(
-        rt.tenant_id, work, partial(assemble, state.tokenizer, entry.prefix, body.messages, max_len)
+    tok = state.tokenizer
+    client_tools = body.tools or []
+    chars = check_bounds(body.messages, max_len, tok.text_bound, extra=tool_texts(client_tools))
+    tools = [*tenant_tool_defs(rt.tool_policy), *client_tools]
+    choice = request_choice(body.tool_choice, body.response_format, rt.tool_policy)
+    plan = plan_output(
+        tools, choice, body.parallel_tool_calls, body.response_format, tok.chat_template
     )
+    work = prompt_work(chars, len(body.messages), grammar=needs_compile(plan, tok))
+    # The tenant's tools are in its prefix; a fallback template gets the client's after them.
+    rendered = tools if plan.native else client_tools
+
+    def build() -> list[int]:
+        rendering = plan.rendering(body.messages, rendered)
+        ids = assemble(tok, entry.prefix, body.messages, max_len, rendering=rendering)
+        check_plan(plan, tok)
+        return ids
+
+    prompt_ids = await state.prompts.run(rt.tenant_id, work, build)
     settings = request.app[SETTINGS]
     max_tokens = resolve_max_tokens(
         body, rt, len(prompt_ids), max_len, settings.model.default_max_tokens
@@ -124,7 +195,10 @@ async def prepare(
     obs.set_max_tokens(max_tokens)
     if not body.stream:
         check_logprobs_size(body.num_choices, max_tokens, body.num_logprobs)
-    return prompt_ids, sampling_params(body, max_tokens, settings.model, state.tokenizer.vocab_size)
+    params = sampling_params(body, max_tokens, settings.model, tok.vocab_size)
+    if plan.grammar is not None:
+        params = dataclasses.replace(params, grammar=plan.grammar)
+    return Prepared(prompt_ids, params, shared_prefix(prompt_ids, entry.prefix), plan)
 
 
 def resolve_max_tokens(

@@ -3,6 +3,9 @@
 Each bound is a 400 naming the parameter, checked before the request reaches the limiter or the
 engine (docs/api.md, "Request bounds", lists them)::
 
+    messages                 at most min(2048, max_model_len) (OpenAI's 2048; every template
+                             marks each message with a token); 2048 content parts and 2048
+                             tool calls in all
     n                        1..128; widget traffic: 1..the tenant's widget max_choices (default 1)
     n (concurrency)          n choices take n concurrency slots: n above a scope's
                              max_concurrency can never be admitted (400, not a 429 to retry)
@@ -11,6 +14,9 @@ engine (docs/api.md, "Request bounds", lists them)::
     top_logprobs             0..20
     logprobs, not streamed   n * max_tokens * (top_logprobs + 1) <= 131072 entries
     seed                     a signed 64-bit integer
+    metadata                 at most 16 pairs (OpenAI's)
+
+The sizes of the lists and maps are counted before anything is validated (gateway/chat/shape.py).
 
 Why these: every stop string is searched at each step of each choice, over the new text plus
 the longest stop's length; the bias is one tensor row per choice; a non-streamed answer holds
@@ -23,6 +29,10 @@ from __future__ import annotations
 
 from gateway.errors import ApiError
 
+MAX_MESSAGES = 2048  # OpenAI's cap on the messages of one request
+MAX_CONTENT_PARTS = 2048  # text parts, in all messages of one request
+MAX_TOOL_CALLS = 2048  # assistant tool calls, in all messages of one request
+MAX_METADATA = 16  # OpenAI's cap on metadata pairs
 MAX_CHOICES = 128
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 4
@@ -33,6 +43,20 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 # A token id has at most this many significant digits (ids are far below 2**31): a longer key
 # is refused before int() sees it (int() refuses more than 4300 digits with a ValueError).
 MAX_TOKEN_ID_DIGITS = 10
+
+
+def message_cap(max_model_len: int) -> int:
+    """The most messages one request may hold for a model of ``max_model_len`` tokens."""
+    return min(MAX_MESSAGES, max_model_len)
+
+
+def too_many_messages(count: int, cap: int) -> ApiError:
+    return ApiError(
+        400,
+        f"too many messages: {count}; at most {cap} are accepted",
+        param="messages",
+        code="too_many_messages",
+    )
 
 
 def parse_token_id(key: str) -> int | None:

@@ -3,8 +3,8 @@
 Without it, visitors of one tenant could read each other's conversations off ``cached_tokens``
 and time to first token (a guessed conversation that hits the cache was sent by someone). The
 engine keys the blocks past the tenant's system-prompt segment with a salt per end user
-(engine/kv/hashing.py), so a request hits the pinned tenant prefix and its own end user's earlier
-turns, never another's::
+(engine/core/kv/hashing.py), so a request hits the pinned tenant prefix and its own end user's
+earlier turns, never another's::
 
     widget session token      user:<session end user>   signed by the tenant
     widget key, no session    addr:<client address>     the visitor of the per-visitor limits
@@ -28,7 +28,7 @@ import hmac
 
 from aiohttp import web
 
-from engine.kv import CacheScope
+from engine.core.kv import CacheScope
 from gateway.auth import Principal
 from gateway.context import SETTINGS
 from gateway.ratelimit.scopes import client_address

@@ -6,9 +6,10 @@ engine request at once.
 
 Logprobs (when asked) travel with the text: each emitted piece carries the entries of the tokens
 consumed since the previous piece. The token that ended a request in the engine (EOS or a stop
-token) is not part of the answer, so its entry is dropped, as OpenAI does. A streamed choice
-keeps only the entries not yet sent; a non-streamed one keeps them all for the answer (bounded
-per request: gateway/chat/bounds.py).
+token) is not part of the answer, so its entry is dropped, as OpenAI does; the last token of a
+request whose grammar completed is (the grammar ends it without an EOS), and keeps its entry.
+A streamed choice keeps only the entries not yet sent; a non-streamed one keeps them all for the
+answer (bounded per request: gateway/chat/bounds.py).
 
 ``n`` choices of one prompt (``ChoiceGroup``) are ``n`` ordinary engine requests in the same
 namespace and cache scope (one end user), submitted together: the prefix cache gives them the
@@ -26,9 +27,9 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 
 from engine.api import EngineClient, GenerateOptions
-from engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from engine.params import SamplingParams
+from engine.runtime.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from gateway.chat.stops import StopMatcher
 
 
@@ -42,6 +43,7 @@ class GenerationStats:
     first_token_at: float | None = None
     last_token_at: float | None = None
     engine_metrics: RequestMetrics | None = None
+    worker: str | None = None  # the engine worker that served it (None: the in-process engine)
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class Generation:
         self._params = params
         self._stops = StopMatcher(stops)
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        self.token_ids: Sequence[int] = ()  # the answer's tokens so far (the tool loop's)
         self._stream: AsyncGenerator[RequestOutput, None] | None = None
         self._first: RequestOutput | None = None
         # Entries of the answer's tokens, if asked: ``logprobs`` all of them (non-streamed
@@ -109,6 +112,9 @@ class Generation:
         overloaded) surface before any response byte is sent."""
         self._stream = self._engine.generate(self._prompt_ids, self._params, self._options)
         self._first = await anext(self._stream)
+        self.stats.worker = self._first.worker
+        if self._on_update is not None:
+            self._on_update(self)
 
     async def text(self) -> AsyncGenerator[str, None]:
         async with contextlib.aclosing(self.pieces()) as pieces:
@@ -180,6 +186,7 @@ class Generation:
 
     def _record(self, out: RequestOutput) -> None:
         s = self.stats
+        self.token_ids = out.token_ids
         s.completion_tokens = len(out.token_ids)
         s.cached_tokens = out.num_cached_tokens
         s.engine_metrics = out.metrics
@@ -187,13 +194,19 @@ class Generation:
             s.finish_reason = "length" if out.finish_reason == "length" else "stop"
         if out.new_logprobs:
             entries = out.new_logprobs
-            if out.finished and out.finish_reason == "stop":
+            if out.finished and out.finish_reason == "stop" and self._ended_by_stop_token(out):
                 entries = entries[:-1]  # the EOS / stop token is not part of the answer
             if self._keep_logprobs:
                 self.logprobs.extend(entries)
             self._unsent.extend(entries)
         if self._on_update is not None:
             self._on_update(self)
+
+    def _ended_by_stop_token(self, out: RequestOutput) -> bool:
+        """Whether the last token is an EOS or stop token (not part of the answer); a request
+        whose grammar completed ends with an ordinary token instead (finish "stop" as well)."""
+        last = out.token_ids[-1] if out.token_ids else None
+        return last in self._tokenizer.eos_token_ids or last in self._params.stop_token_ids
 
     def _consume(self, out: RequestOutput, detok: IncrementalDetokenizer) -> tuple[str, bool]:
         self._record(out)
@@ -227,7 +240,7 @@ class ChoiceGroup:
     """``n`` choices of one prompt, each its own engine request through ``engine.generate``.
 
     ``stats`` sums the choices: the prompt is counted once (as OpenAI bills it), completion
-    tokens of every choice; cached tokens, finish reason and engine timings are choice 0's.
+    tokens of every choice; cached tokens, finish reason, engine timings and worker are choice 0's.
     Choice ``i`` samples with ``seed + i`` when a seed is given.
     """
 
@@ -283,6 +296,7 @@ class ChoiceGroup:
             s.cached_tokens = c.cached_tokens
             s.finish_reason = c.finish_reason
             s.engine_metrics = c.engine_metrics
+            s.worker = c.worker
         if c.first_token_at is not None and (
             s.first_token_at is None or c.first_token_at < s.first_token_at
         ):

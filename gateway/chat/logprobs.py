@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from engine.outputs import TokenLogprob
+from engine.runtime.model.tokenizer import Tokenizer
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -33,7 +34,7 @@ def _byte_level_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(keep, chars, strict=True)}
 
 
-def _token_bytes(tokenizer: Any, token_id: int) -> bytes:
+def _token_bytes(tokenizer: Tokenizer, token_id: int) -> bytes:
     piece = tokenizer.backend.id_to_token(token_id)
     if piece is None:
         return b""
@@ -56,7 +57,7 @@ def _token_text(raw: bytes) -> str:
 class LogprobFormatter:
     """Token id -> (text, bytes), cached per gateway (the vocabulary does not change)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
         self._cache: dict[int, tuple[str, list[int]]] = {}
 

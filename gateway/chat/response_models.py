@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class _Strict(BaseModel):
@@ -33,9 +33,24 @@ class ChoiceLogprobs(_Strict):
     refusal: None = None
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(_Strict):
+    id: str  # call_...
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class AssistantMessage(_Strict):
+    """``content`` is null when the answer is only tool calls; ``refusal`` is always null."""
+
     role: Literal["assistant"]
-    content: str
+    content: str | None
+    refusal: None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class Choice(_Strict):
@@ -67,9 +82,24 @@ class ChatCompletion(_Strict):
     usage: Usage
 
 
+class FunctionDelta(_Strict):
+    name: str | None = None  # on the call's first delta
+    arguments: str  # the next fragment of the arguments' JSON text
+
+
+class ToolCallDelta(_Strict):
+    """One call's part of a chunk; ``id``, ``type`` and the name come on its first delta."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
+
+
 class Delta(_Strict):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChunkChoice(_Strict):

@@ -4,23 +4,27 @@ Requests are validated strictly (a string where a number belongs is a 400, not a
 Unknown top-level fields are refused as OpenAI refuses them ("Unrecognized request argument
 supplied: X"); fields OpenAI defines that kvgate does not implement are declared, so the OpenAPI
 document lists them, and refused with a 400 naming the parameter when their value would change
-the answer (tools, function calling, JSON / schema output, audio, predicted outputs, reasoning
-effort, stored completions); the rest (``metadata``, ``service_tier``, ``parallel_tool_calls``)
-are accepted and have no effect. ``top_k``, ``min_p`` and ``repetition_penalty`` are kvgate
-extensions (vLLM's names). The size bounds of a request (stop strings, logit bias, seed,
-logprobs) are in ``gateway/chat/bounds.py``.
+the answer (the deprecated ``functions`` / ``function_call``, audio, predicted outputs,
+reasoning effort, web search, stored completions); the rest (``metadata``, ``service_tier``)
+are accepted and have no effect. Tools and structured outputs (``tools``, ``tool_choice``,
+``parallel_tool_calls``, ``response_format``) are gateway/chat/tools/'s. ``top_k``, ``min_p``
+and ``repetition_penalty`` are kvgate extensions (vLLM's names). The size bounds of a request
+(stop strings, logit bias, seed, logprobs) are in ``gateway/chat/bounds.py``.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.chat.bounds import (
     MAX_CHOICES,
     MAX_LOGIT_BIAS,
+    MAX_MESSAGES,
+    MAX_METADATA,
     MAX_STOP_CHARS,
     MAX_STOP_SEQUENCES,
     MAX_TOP_LOGPROBS,
@@ -28,40 +32,16 @@ from gateway.chat.bounds import (
     SEED_MIN,
     parse_token_id,
 )
+from gateway.chat.messages import ChatMessage
+from gateway.chat.shape import check_shape
+from gateway.chat.tools.checks import check_tool_fields
+from gateway.chat.tools.models import MAX_TOOLS, ResponseFormat, ToolChoice, ToolDef
 from gateway.errors import ApiError
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = None
-
-    @property
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
-
-    @property
-    def is_system(self) -> bool:
-        return self.role in ("system", "developer")
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     include_usage: bool = False
-
-
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
-    type: str
 
 
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
@@ -101,18 +81,22 @@ class ChatRequest(BaseModel):
     top_k: Annotated[int, Field(ge=0)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
-    # Accepted, no effect.
-    metadata: dict[str, str] | None = None
-    service_tier: str | None = None
-    parallel_tool_calls: bool | None = None
-    # Declared so the document lists them; refused unless absent / empty / the default.
-    tools: list[Any] | None = Field(default=None, description="not supported: 400 unless empty")
-    tool_choice: Any = Field(default=None, description='not supported: 400 unless "none"')
-    functions: list[Any] | None = Field(default=None, description="not supported: 400")
-    function_call: Any = Field(default=None, description="not supported: 400")
-    response_format: ResponseFormat | None = Field(
-        default=None, description='only {"type": "text"}'
+    # Tool calling and structured outputs (gateway/chat/tools/).
+    tools: Annotated[list[ToolDef], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = Field(
+        default=None,
+        description='"none", "auto" (the default with tools), "required" or a named function',
     )
+    parallel_tool_calls: bool | None = Field(default=None, description="default true")
+    response_format: ResponseFormat | None = Field(
+        default=None, description='{"type": "text" | "json_object" | "json_schema", ...}'
+    )
+    # Accepted, no effect.
+    metadata: Annotated[dict[str, str], Field(max_length=MAX_METADATA)] | None = None
+    service_tier: str | None = None
+    # Declared so the document lists them; refused unless absent / empty / the default.
+    functions: list[Any] | None = Field(default=None, description="deprecated; not supported: 400")
+    function_call: Any = Field(default=None, description="deprecated; not supported: 400")
     modalities: list[str] | None = Field(default=None, description='only ["text"]')
     audio: Any = Field(default=None, description="not supported: 400")
     prediction: Any = Field(default=None, description="not supported: 400")
@@ -179,15 +163,20 @@ class ChatRequest(BaseModel):
         return tuple(out.items())
 
 
-def parse_chat_request(body: bytes) -> ChatRequest:
-    """Validate a request body; every failure becomes a 400 naming the offending field."""
+def parse_chat_request(
+    body: bytes, max_messages: int = MAX_MESSAGES, declared: Sequence[str] = ()
+) -> ChatRequest:
+    """Validate a request body; every failure becomes a 400 naming the offending field.
+    The sizes of its collections are checked first (gateway/chat/shape.py). ``declared``: the
+    names of the tenant's own tools (a choice may name them; the client's may not reuse them)."""
     if not body.strip():
         raise ApiError(400, "request body is empty; expected a JSON object")
+    check_shape(body, ChatRequest.model_fields, max_messages)
     try:
         req = ChatRequest.model_validate_json(body)
     except ValidationError as exc:
         raise _to_api_error(exc) from None
-    check_semantics(req)
+    check_semantics(req, declared)
     return req
 
 
@@ -197,18 +186,11 @@ def _unsupported(param: str, what: str) -> ApiError:
 
 def _refused_field(req: ChatRequest) -> ApiError | None:
     """The first field set to something kvgate does not do."""
-    if req.tools:
-        return _unsupported("tools", "tool calling is not supported by this server")
-    if req.tool_choice not in (None, "none"):
-        return _unsupported("tool_choice", "tool calling is not supported by this server")
     for name in ("functions", "function_call"):
         if getattr(req, name) is not None:
-            return _unsupported(name, "function calling is not supported by this server")
-    if req.response_format is not None and req.response_format.type != "text":
-        return _unsupported(
-            "response_format",
-            f"type {req.response_format.type!r} is not supported; only 'text' is",
-        )
+            return _unsupported(
+                name, "the deprecated function calling is not supported; use tools and tool_choice"
+            )
     if req.modalities is not None and req.modalities != ["text"]:
         return _unsupported("modalities", "only ['text'] output is supported")
     for name, what in (
@@ -224,11 +206,12 @@ def _refused_field(req: ChatRequest) -> ApiError | None:
     return None
 
 
-def check_semantics(req: ChatRequest) -> None:
+def check_semantics(req: ChatRequest, declared: Sequence[str] = ()) -> None:
     """Rules between fields, and values pydantic's types do not express."""
     refused = _refused_field(req)
     if refused is not None:
         raise refused
+    check_tool_fields(req.tools or [], req.tool_choice, req.response_format, req.messages, declared)
     if (
         req.max_tokens is not None
         and req.max_completion_tokens is not None
@@ -308,13 +291,19 @@ def _content_part_error(errors: list[Any]) -> ApiError | None:
     return None
 
 
+# Names pydantic puts in an error's location for the branch of a union that failed.
+_UNION_BRANCHES = frozenset(
+    ("str", "list[TextPart]", "list[str]", "int", "float", "bool", "NamedToolChoice")
+)
+
+
 def _param(loc: tuple[Any, ...]) -> str:
     # ("messages", 0, "content", "str") -> "messages[0].content"; union branch names dropped.
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("str", "list[TextPart]", "list[str]", "int", "float", "bool") or "[" in part:
+        elif part in _UNION_BRANCHES or "[" in part:
             continue
         else:
             out += f".{part}" if out else str(part)
@@ -331,11 +320,18 @@ def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
 
 
 def choice_body(
-    index: int, text: str, finish_reason: str, logprobs: dict[str, Any] | None = None
+    index: int,
+    text: str | None,
+    finish_reason: str,
+    logprobs: dict[str, Any] | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
     return {
         "index": index,
-        "message": {"role": "assistant", "content": text},
+        "message": message,
         "finish_reason": finish_reason,
         "logprobs": logprobs,
     }

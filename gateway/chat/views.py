@@ -32,6 +32,7 @@ from gateway.auth import Principal
 from gateway.chat.admission import admit, charged, prepare, read_body, request_scopes
 from gateway.chat.cache_scope import request_cache_scope
 from gateway.chat.generation import ChoiceGroup, GenerationStats, Piece
+from gateway.chat.ledger import PROMPT_VERSION, record_chat, record_refusal, reserve_budget
 from gateway.chat.logprobs import LogprobFormatter
 from gateway.chat.observe import RequestObserver
 from gateway.chat.schemas import (
@@ -42,7 +43,11 @@ from gateway.chat.schemas import (
     usage_body,
 )
 from gateway.chat.sse import open_stream, send_done, send_event
-from gateway.context import STATE, TELEMETRY, GatewayState
+from gateway.chat.tool_loop import respond, tool_loop
+from gateway.chat.tool_stream import stream as stream_tools
+from gateway.chat.tools.answer import ToolStream, complete
+from gateway.chat.tools.formats import ToolFormat
+from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState
 from gateway.drain import SHUTDOWN_CODE, shutdown_error
 from gateway.errors import REQUEST_ID, TENANT, ApiError, new_request_id, to_api_error
 from gateway.pins import PromptEntry
@@ -54,9 +59,10 @@ UNKNOWN_TENANT = ""  # metrics label of requests refused before the key was know
 
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
+    rid = request[REQUEST_ID] = new_request_id()
     await state.keys.authenticate(request)
     model = {"id": state.model_name, "object": "model", "created": 0, "owned_by": "kvgate"}
-    return web.json_response({"object": "list", "data": [model]})
+    return web.json_response({"object": "list", "data": [model]}, headers={"x-request-id": rid})
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -65,6 +71,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     tenant_id = UNKNOWN_TENANT
     rid = new_request_id("chatcmpl-")
     request[REQUEST_ID] = rid  # x-request-id and the refusal log line of an early error
+    principal: Principal | None = None
     try:
         if state.draining:
             raise shutdown_error()
@@ -75,6 +82,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         # Refused before a request span exists (bad key or body, body too large, database
         # down): counted here, logged by the error middleware (one request_refused line).
         request.app[TELEMETRY].metrics.requests.labels(tenant_id, str(_status_of(exc))).inc()
+        record_refusal(
+            request, principal, rid, started, _status_of(exc), getattr(exc, "code", None)
+        )
         raise
     obs = RequestObserver(
         request.app[TELEMETRY],
@@ -110,6 +120,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             raise
         finally:
             obs.finish(status, stats or obs.stats, error)
+            record_chat(request, principal, body, obs, error)  # the usage ledger
 
 
 def _stream_failure(exc: BaseException) -> ApiError:
@@ -136,18 +147,20 @@ async def _serve(
 ) -> tuple[web.StreamResponse, GenerationStats]:
     rt = principal.runtime
     entry = state.pins.begin(rt)
+    if entry.version is not None:
+        request[PROMPT_VERSION] = entry.version
     gen: ChoiceGroup | None = None
     lease: Lease | None = None
     n_prompt = 0
     try:
-        prompt_ids, params = await charged(
-            request, principal, prepare(request, state, entry, body, rt, obs)
-        )
+        ready = await charged(request, principal, prepare(request, state, entry, body, rt, obs))
+        prompt_ids, params = ready.prompt_ids, ready.params
         n_prompt, max_tokens = len(prompt_ids), params.max_tokens
         # n choices: the prompt once (the engine prefills it once, the choices share its KV
         # blocks, and usage reports it once), up to max_tokens for each choice; and n
         # concurrency slots, one per engine request.
         reserve = n_prompt + body.num_choices * max_tokens
+        await reserve_budget(request, principal, body.model, n_prompt, reserve - n_prompt)
         # The lease exists before the admission call, so ``finally`` gives back whatever that
         # call took, even when it never answered (timeout, disconnect).
         scopes = request_scopes(request, principal)
@@ -155,8 +168,8 @@ async def _serve(
         decision = await admit(state, lease, obs)
         headers = {**decision.headers(), "x-request-id": rid}
         # blocks past the tenant prefix are the end user's own (gateway/chat/cache_scope.py)
-        scope = request_cache_scope(request, principal, body.user, len(entry.prefix.ids))
-        options = GenerateOptions(entry.namespace, rid, cache_scope=scope)
+        scope = request_cache_scope(request, principal, body.user, ready.shared_tokens)
+        options = GenerateOptions(entry.namespace, rid, cache_scope=scope, **principal.fair_share())
         gen = ChoiceGroup(
             state.engine,
             state.tokenizer,
@@ -169,9 +182,16 @@ async def _serve(
         )
         await gen.start()
         obs.stats = gen.stats  # admitted by the engine: recorded whatever ends the request
+        loop = tool_loop(state, rt, entry, body, ready, options, request.app[SETTINGS].tools)
+        if loop is not None:  # the gateway runs the tenant's tools
+            answer = stream_tools if body.stream else respond
+            resp = await answer(request, loop, gen, rid, headers, obs)
+            n_prompt = gen.stats.prompt_tokens  # every step's, for the limiter's release
+            return resp, gen.stats
+        calls = ready.plan.calls
         if body.stream:
-            return await _stream(request, gen, body, rid, headers, obs), gen.stats
-        return await _complete(request, gen, body, rid, headers, obs), gen.stats
+            return await _stream(request, gen, body, rid, headers, obs, calls), gen.stats
+        return await _complete(request, gen, body, rid, headers, obs, calls), gen.stats
     finally:
         # Shielded: a client disconnect cancels this handler, but the engine request, the lease
         # and the pin reference must still be given back.
@@ -207,12 +227,20 @@ async def _complete(
     rid: str,
     headers: dict[str, str],
     obs: RequestObserver,
+    calls: ToolFormat | None,
 ) -> web.Response:
     fmt = LogprobFormatter(gen.tokenizer)
-    choices = [
-        choice_body(c.index, c.text, c.finish_reason, fmt.body(c.logprobs))
-        for c in await gen.results()
-    ]
+    choices = []
+    for c in await gen.results():
+        if calls is None:
+            choices.append(choice_body(c.index, c.text, c.finish_reason, fmt.body(c.logprobs)))
+            continue
+        done = complete(calls, c.text, c.finish_reason)
+        if c.index == 0:
+            gen.stats.finish_reason = done.finish_reason  # "tool_calls" in the log and span
+        logprobs = fmt.body(c.logprobs)
+        body_ = choice_body(c.index, done.content, done.finish_reason, logprobs, done.tool_calls)
+        choices.append(body_)
     s = gen.stats
     usage = usage_body(s.prompt_tokens, s.completion_tokens, s.cached_tokens)
     out = completion_body(rid, body.model, choices, usage)
@@ -231,6 +259,7 @@ async def _stream(
     rid: str,
     headers: dict[str, str],
     obs: RequestObserver,
+    calls: ToolFormat | None,
 ) -> web.StreamResponse:
     resp = await open_stream(request, headers)
     created = int(time.time())
@@ -238,10 +267,15 @@ async def _stream(
         role = {"role": "assistant"}
         await send_event(resp, chunk_body(rid, body.model, created, role, index=i))
     fmt = LogprobFormatter(gen.tokenizer) if gen.wants_logprobs else None
+    tools = ToolStream(calls, body.num_choices) if calls is not None else None
     try:
         async with contextlib.aclosing(gen.pieces()) as pieces:
             async for piece in pieces:
-                await send_event(resp, _piece_chunk(piece, rid, body.model, created, fmt))
+                if tools is None:
+                    await send_event(resp, _piece_chunk(piece, rid, body.model, created, fmt))
+                    continue
+                for chunk in _tool_chunks(tools, piece, gen, rid, body.model, created, fmt):
+                    await send_event(resp, chunk)
     except ConnectionError:
         raise  # the client is gone: nothing to tell it
     except (Exception, asyncio.CancelledError) as exc:
@@ -265,6 +299,28 @@ async def _stream(
     obs.delivered = True  # the client has it all; closing now is not a disconnect
     await resp.write_eof()
     return resp
+
+
+def _tool_chunks(
+    tools: ToolStream,
+    piece: Piece,
+    gen: ChoiceGroup,
+    rid: str,
+    model: str,
+    created: int,
+    fmt: LogprobFormatter | None,
+) -> list[dict[str, object]]:
+    """A piece of a choice that may call tools: its content and call deltas, or its end."""
+    out = []
+    for d in tools.deltas(piece.index, piece.text, piece.logprobs, piece.finish_reason):
+        if d.finish_reason is not None and piece.index == 0:
+            gen.stats.finish_reason = d.finish_reason  # "tool_calls" in the log and span
+        lp = fmt.body(d.logprobs) if fmt is not None else None
+        chunk = chunk_body(
+            rid, model, created, d.delta, d.finish_reason, index=piece.index, logprobs=lp
+        )
+        out.append(chunk)
+    return out
 
 
 def _piece_chunk(

@@ -1,17 +1,17 @@
-"""``WorkerChannel``: this gateway's one connection to a worker's transport (ZeroMQ DEALER).
+"""``WorkerChannel``: this gateway's one connection to a worker's transport (a WebSocket).
 
-Every call to the worker (engine/worker/transport.py) is multiplexed over it, named by a call
-id; a reader callback on the socket's FD hands each reply to its call's queue. The connection's
-state comes from a socket monitor (public pyzmq API): ZeroMQ reconnects by itself, tells no call::
+Every call to the worker (engine/serving/worker/transport.py) is multiplexed over it, named by a
+call id; the connection's reader hands each reply to its call's queue. The connection is opened
+by the first call that needs it and again by the first call after it dropped::
 
-    handshake succeeded      -> connected
-    disconnected             -> every call in flight ends with ``Lost`` (the worker died, or
-                                stopped answering heartbeats); ZeroMQ reconnects in the background
-    connect retried / closed -> ``refused``: nothing accepts connections there now
+    connected            calls go out at once
+    dropped              every call of that connection ends with ``LOST`` (the worker died, or
+                         stopped answering heartbeats); the next call connects again
+    refused              nothing accepts connections there now (``WorkerUnavailable.refused``)
+    denied               the worker refused the upgrade (another token, or not a kvgate worker)
 
-A call made while the channel is not connected waits for the handshake up to ``connect_s``,
-unless the worker refused us (then at once): ``WorkerUnavailable``, nothing was sent.
-``ZMQ_IMMEDIATE`` keeps ZeroMQ from queueing messages for a connection that is not up.
+A call made while the channel is not connected waits for the connection up to ``connect_s``:
+``WorkerUnavailable``, nothing was sent.
 """
 
 from __future__ import annotations
@@ -20,25 +20,15 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
 from typing import Final
 
-import zmq
-import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
+import aiohttp
+from aiohttp import WSMsgType
 
 from engine.errors import EngineDead
-from engine.worker import messages as m
-from engine.worker.curve import curve_keys
-from engine.worker.transport import configure_heartbeats
-
-_EVENTS = (
-    zmq.EVENT_HANDSHAKE_SUCCEEDED
-    | zmq.EVENT_DISCONNECTED
-    | zmq.EVENT_CONNECT_RETRIED
-    | zmq.EVENT_CLOSED
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-)
+from engine.serving.worker import messages as m
+from engine.serving.worker.transport import CALLS_PATH, HEARTBEAT_S, MAX_MESSAGE_BYTES
 
 
 class WorkerUnavailable(EngineDead):
@@ -57,142 +47,164 @@ class _LostType:
 LOST: Final = _LostType()
 _Item = m.Reply | _LostType
 
-_context: zmq.asyncio.Context | None = None
 
+@dataclass
+class _Connection:
+    ws: aiohttp.ClientWebSocketResponse
+    calls: dict[int, asyncio.Queue[_Item]] = field(default_factory=dict)
 
-def _shared_context() -> zmq.asyncio.Context:
-    global _context
-    if _context is None:  # one per process (its I/O thread serves every channel)
-        _context = zmq.asyncio.Context()
-    return _context
+    def fail_all(self) -> None:
+        for q in self.calls.values():
+            q.put_nowait(LOST)
+        self.calls.clear()
 
 
 class WorkerChannel:
-    def __init__(self, endpoint: str, token: str, connect_s: float = 5.0) -> None:
-        self.endpoint = endpoint
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        session: aiohttp.ClientSession | None = None,
+        *,
+        unix_path: str | None = None,  # the local worker's socket: its own session
+        connect_s: float = 5.0,
+    ) -> None:
+        self.endpoint = f"unix:{unix_path}" if unix_path is not None else url
+        self._url = url.rstrip("/") + CALLS_PATH
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._session = session
+        self._unix_path = unix_path
+        self._own_session: aiohttp.ClientSession | None = None
         self._connect_s = connect_s
-        keys = curve_keys(token)
-        sock = _shared_context().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        sock.curve_serverkey = keys.server_public
-        sock.curve_publickey = keys.client_public
-        sock.curve_secretkey = keys.client_secret
-        configure_heartbeats(sock)
-        self._monitor = sock.get_monitor_socket(_EVENTS)
-        sock.connect(endpoint)
-        self._sock = sock
-        self._raw: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)  # NOBLOCK: no futures
         self._ids = itertools.count(1)
-        self._calls: dict[int, asyncio.Queue[_Item]] = {}
-        self._tasks: list[asyncio.Task[None]] = []
-        self._up = asyncio.Event()
-        self._changed = asyncio.Event()  # set by every monitor event (wakes ``_ready``)
+        self._conn: _Connection | None = None
+        self._lock = asyncio.Lock()
+        self._readers: set[asyncio.Task[None]] = set()
+        self._notices: set[asyncio.Task[None]] = set()  # Cancel sends in flight
         self.refused = False  # the latest connection attempt was refused (nothing listens)
-        self.denied = False  # the worker's handshake refused our keys (a different token)
+        self.denied = False  # the worker refused the upgrade (a different token)
         self._closed = False
-        self._loop: asyncio.AbstractEventLoop | None = None
 
-    # -- connection state -------------------------------------------------------------------
-    def _ensure_tasks(self) -> None:
-        if not self._tasks:
-            loop = asyncio.get_running_loop()
-            # replies are read by a reader callback on the socket's FD (edge-triggered: drained
-            # until EAGAIN, and again after each send, which may consume the edge)
-            loop.add_reader(self._raw.FD, self._drain)
-            self._loop = loop
-            self._tasks = [loop.create_task(self._watch())]
-            loop.call_soon(self._drain)
-
-    async def _watch(self) -> None:
-        while True:
-            event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.refused = self.denied = False
-                self._up.set()
-            elif event == zmq.EVENT_DISCONNECTED:
-                self._up.clear()
-                self._fail_all()
-            elif event in (zmq.EVENT_CONNECT_RETRIED, zmq.EVENT_CLOSED):
-                self.refused = not self._up.is_set()
-            else:  # a handshake failed: another token, or not a kvgate worker
-                self.denied = True
-            self._changed.set()
-
-    def _fail_all(self) -> None:
-        for q in self._calls.values():
-            q.put_nowait(LOST)
-
-    async def _ready(self) -> None:
-        if self._closed:
-            raise WorkerUnavailable("the channel is closed")
-        self._ensure_tasks()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._connect_s):
-                while not (self._up.is_set() or self.refused or self.denied):
-                    self._changed.clear()
-                    await self._changed.wait()
-        if self._up.is_set():
-            return
-        why = "refused" if self.refused else "denied our token" if self.denied else "timed out"
-        raise WorkerUnavailable(f"worker {self.endpoint}: connection {why}", refused=self.refused)
-
+    # -- connection -------------------------------------------------------------------------
     @property
     def connected(self) -> bool:
-        return self._up.is_set()
+        return self._conn is not None and not self._conn.ws.closed
 
-    def _drain(self) -> None:
-        """Hand every reply that has arrived to its call."""
-        raw = self._raw
-        while not self._closed and m.readable(raw):
-            try:
-                data = raw.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._deliver(data)
+    async def _ready(self) -> _Connection:
+        if self._closed:
+            raise WorkerUnavailable("the channel is closed")
+        conn = self._conn
+        if conn is not None and not conn.ws.closed:
+            return conn
+        async with self._lock:  # one connection attempt at a time; the others wait for it
+            conn = self._conn
+            if conn is None or conn.ws.closed:
+                conn = self._conn = await self._connect()
+        return conn
 
-    def _deliver(self, data: bytes) -> None:
+    def _client(self) -> aiohttp.ClientSession:
+        if self._unix_path is None and self._session is not None:
+            return self._session
+        if self._own_session is None:
+            connector = (
+                aiohttp.UnixConnector(self._unix_path) if self._unix_path is not None else None
+            )
+            self._own_session = aiohttp.ClientSession(connector=connector)
+        return self._own_session
+
+    async def _connect(self) -> _Connection:
+        try:
+            async with asyncio.timeout(self._connect_s):
+                ws = await self._client().ws_connect(
+                    self._url,
+                    headers=self._headers,
+                    heartbeat=HEARTBEAT_S,
+                    max_msg_size=MAX_MESSAGE_BYTES,
+                    compress=0,
+                )
+        except aiohttp.WSServerHandshakeError as exc:  # a 401, or not a kvgate worker
+            self.denied, self.refused = True, False
+            why = f"worker {self.endpoint}: upgrade refused ({exc.status})"
+            raise WorkerUnavailable(why) from None
+        except (aiohttp.ClientConnectorError, ConnectionRefusedError, FileNotFoundError):
+            self.refused = True
+            raise WorkerUnavailable(
+                f"worker {self.endpoint}: connection refused", refused=True
+            ) from None
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise WorkerUnavailable(
+                f"worker {self.endpoint}: connection failed ({type(exc).__name__})"
+            ) from None
+        self.refused = self.denied = False
+        conn = _Connection(ws)
+        reader = asyncio.get_running_loop().create_task(self._read(conn))
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
+        return conn
+
+    async def _read(self, conn: _Connection) -> None:
+        """Hand every reply to its call until the connection ends; then its calls are LOST."""
+        try:
+            async for msg in conn.ws:
+                if msg.type is not WSMsgType.BINARY:
+                    break  # an error frame: the connection is not usable
+                self._deliver(conn, msg.data)
+        finally:
+            conn.fail_all()
+            if not conn.ws.closed:
+                await conn.ws.close()
+
+    @staticmethod
+    def _deliver(conn: _Connection, data: bytes) -> None:
         try:
             reply = m.decode_reply(data)
         except m.WireError:  # a worker of another version: its calls fail by timeout
             return
-        q = self._calls.get(reply.call)
+        q = conn.calls.get(reply.call)
         if q is not None:  # else: the call was left (a late reply)
             q.put_nowait(reply)
 
     # -- calls ------------------------------------------------------------------------------
-    async def _open(self, make: Callable[[int], m.Request]) -> tuple[int, asyncio.Queue[_Item]]:
-        await self._ready()
+    async def _open(
+        self, make: Callable[[int], m.Request]
+    ) -> tuple[_Connection, int, asyncio.Queue[_Item]]:
+        conn = await self._ready()
         call = next(self._ids)
         q: asyncio.Queue[_Item] = asyncio.Queue()
-        self._calls[call] = q
+        conn.calls[call] = q
         try:
-            self._raw.send(m.encode(make(call)), flags=zmq.NOBLOCK)
-        except zmq.ZMQError as exc:  # Again: not connected (any more), or our queue is full
-            del self._calls[call]
+            await conn.ws.send_bytes(m.encode(make(call)))
+        except (ConnectionError, RuntimeError) as exc:  # closed under us: nothing was sent
+            conn.calls.pop(call, None)
             raise WorkerUnavailable(f"worker {self.endpoint}: send failed ({exc})") from None
-        self._drain()
-        return call, q
+        return conn, call, q
 
-    def _leave(self, call: int) -> None:
-        """Forget the call and tell the worker (best effort: a full queue drops the notice)."""
-        if self._calls.pop(call, None) is not None and not self._closed:
-            with contextlib.suppress(zmq.ZMQError):
-                self._raw.send(m.encode(m.Cancel(call)), flags=zmq.NOBLOCK)
-                self._drain()
+    def _leave(self, conn: _Connection, call: int) -> None:
+        """Forget the call and tell the worker (best effort: a closed connection has ended the
+        call on the worker already)."""
+        if conn.calls.pop(call, None) is None or conn.ws.closed:
+            return
+        notice = asyncio.get_running_loop().create_task(self._cancel(conn, call))
+        self._notices.add(notice)
+        notice.add_done_callback(self._notices.discard)
+
+    @staticmethod
+    async def _cancel(conn: _Connection, call: int) -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await conn.ws.send_bytes(m.encode(m.Cancel(call)))
 
     async def request(self, make: Callable[[int], m.Request], timeout_s: float) -> m.Reply:
         """One reply; WorkerUnavailable when none came in ``timeout_s`` or the connection
         dropped (the call is cancelled on the worker); a ``Failed`` reply raises its error."""
-        call, q = await self._open(make)
+        conn, call, q = await self._open(make)
         try:
             async with asyncio.timeout(timeout_s):
                 item = await q.get()
-            self._calls.pop(call, None)  # answered: nothing to cancel
+            conn.calls.pop(call, None)  # answered: nothing to cancel
         except TimeoutError:
             raise WorkerUnavailable(f"worker {self.endpoint}: no reply in {timeout_s} s") from None
         finally:
-            self._leave(call)
+            self._leave(conn, call)
         if isinstance(item, _LostType):
             raise WorkerUnavailable(f"worker {self.endpoint}: connection lost")
         if isinstance(item, m.Failed):
@@ -202,34 +214,34 @@ class WorkerChannel:
     async def stream(self, make: Callable[[int], m.Request]) -> AsyncGenerator[_Item, None]:
         """Every reply of a streamed call (``LOST`` last if the connection drops) until the
         caller stops iterating; leaving cancels the call on the worker."""
-        call, q = await self._open(make)
+        conn, call, q = await self._open(make)
         try:
             while True:
                 item = await q.get()
                 ended = _ends(item)
                 if ended:
-                    self._calls.pop(call, None)  # the worker ended the call: nothing to cancel
+                    conn.calls.pop(call, None)  # the worker ended the call: nothing to cancel
                 yield item
                 if ended:
                     return
         finally:
-            self._leave(call)
+            self._leave(conn, call)
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        if self._loop is not None:
-            self._loop.remove_reader(self._raw.FD)
-        for task in self._tasks:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.ws.close()
+            conn.fail_all()
+        for task in [*self._readers, *self._notices]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._readers, *self._notices]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._fail_all()
-        self._sock.disable_monitor()
-        self._monitor.close(linger=0)
-        self._sock.close(linger=0)
+        if self._own_session is not None:
+            await self._own_session.close()
 
 
 def _ends(item: _Item) -> bool:

@@ -1,8 +1,8 @@
 """``WorkerClient``: one worker, from a gateway: its probes over HTTP, its calls over the transport.
 
     info, tokenizer     GET /v1/info, /v1/tokenizer (aiohttp; the bearer token)
-    everything else     one ``WorkerChannel`` (gateway/cluster/channel.py) to the transport port
-                        that /v1/info announces (``ipc://`` for the local worker's socket)
+    everything else     one ``WorkerChannel`` (gateway/cluster/channel.py): a WebSocket to the
+                        worker's port (the local worker's Unix socket for ``kvgate serve``)
 
 Failures are sorted by what the caller may still do::
 
@@ -17,17 +17,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import TypeVar
-from urllib.parse import urlsplit
 
 import aiohttp
 
 from engine.api import GenerateOptions
+from engine.core.kv import PinHandle
 from engine.errors import EngineDead
-from engine.kv import PinHandle
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.params import SamplingParams
-from engine.worker import messages as m
-from engine.worker.messages import KvEvent, TokenizerPayload, WorkerInfo, WorkerLoad
+from engine.serving.worker import messages as m
+from engine.serving.worker.messages import KvEvent, TokenizerPayload, WorkerInfo, WorkerLoad
 from gateway.cluster.channel import LOST, WorkerChannel, WorkerUnavailable
 
 __all__ = ["WorkerClient", "WorkerInfo", "WorkerLoad", "WorkerLost", "WorkerUnavailable"]
@@ -50,7 +49,7 @@ class WorkerClient:
         token: str,
         session: aiohttp.ClientSession,
         timeout_s: float = 2.0,
-        unix_path: str | None = None,  # the transport's ipc:// socket (the local worker)
+        unix_path: str | None = None,  # the local worker's Unix socket: calls go there
     ) -> None:
         self.url = url.rstrip("/")
         self._token = token
@@ -58,9 +57,10 @@ class WorkerClient:
         self._session = session
         self._timeout_s = timeout_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._unix_path = unix_path
-        self._channel: WorkerChannel | None = None
-        self._stale: list[WorkerChannel] = []  # replaced channels, closed with the client
+        self._channel = WorkerChannel(
+            self.url, token, session, unix_path=unix_path, connect_s=timeout_s
+        )
+        self._known = False  # /v1/info read and its protocol matched: calls may go out
 
     # -- probes (HTTP) ----------------------------------------------------------------------
     async def _get(self, path: str) -> bytes:
@@ -76,36 +76,22 @@ class WorkerClient:
         return payload
 
     async def info(self) -> WorkerInfo:
-        """The worker's identity and geometry; (re)connects the transport it announces."""
+        """The worker's identity and geometry; a worker of another protocol is refused."""
         info = m.from_json(await self._get("/v1/info"), WorkerInfo)
         if info.protocol != m.PROTOCOL:
             raise WorkerUnavailable(
                 f"worker {info.worker_id} speaks protocol {info.protocol}, this gateway"
                 f" {m.PROTOCOL}: upgrade both to the same release"
             )
-        self._connect(self._endpoint(info.transport_port))
+        self._known = True
         return info
 
     async def tokenizer_payload(self) -> TokenizerPayload:
         return m.from_json(await self._get("/v1/tokenizer"), TokenizerPayload)
 
-    def _endpoint(self, port: int) -> str:
-        if self._unix_path is not None:
-            return f"ipc://{self._unix_path}"
-        host = urlsplit(self.url).hostname or "127.0.0.1"
-        return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-
-    def _connect(self, endpoint: str) -> None:
-        if self._channel is not None and self._channel.endpoint == endpoint:
-            return
-        if self._channel is not None:
-            self._stale.append(self._channel)
-        self._channel = WorkerChannel(endpoint, self._token, self._timeout_s)
-
     async def _chan(self) -> WorkerChannel:
-        if self._channel is None:
+        if not self._known:
             await self.info()
-        assert self._channel is not None
         return self._channel
 
     # -- calls (transport) ------------------------------------------------------------------
@@ -175,9 +161,7 @@ class WorkerClient:
                     return
 
     async def close(self) -> None:
-        for chan in [*self._stale, *([self._channel] if self._channel else [])]:
-            await chan.close()
-        self._stale, self._channel = [], None
+        await self._channel.close()
 
 
 _R = TypeVar("_R")

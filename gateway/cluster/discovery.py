@@ -42,7 +42,7 @@ async def resolve_workers(endpoints: Sequence[str]) -> list[str]:
             )
         except OSError:
             continue
-        for addr in sorted({info[4][0] for info in infos}):
+        for addr in sorted({str(info[4][0]) for info in infos}):  # IPv4 / IPv6: a str
             urls.append(f"http://[{addr}]:{port}" if ":" in addr else f"http://{addr}:{port}")
     return list(dict.fromkeys(urls))
 

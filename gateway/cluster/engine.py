@@ -18,20 +18,20 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import aiohttp
 import structlog
 
 from engine.api import DEFAULT_OPTIONS, EngineInfo, GenerateOptions, PinStatus, PinTicket
+from engine.core.kv import CacheScope, CacheStats
+from engine.core.request import request_id_or_new
 from engine.errors import EngineClosed, EngineOverloaded, PinRejected
-from engine.kv import CacheScope, CacheStats
-from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
-from engine.request import request_id_or_new
-from engine.worker.messages import WireError, WorkerInfo
+from engine.runtime.model.tokenizer import Tokenizer
+from engine.serving.worker.messages import WireError, WorkerInfo
 from gateway.cluster.client import WorkerClient, WorkerUnavailable
 from gateway.cluster.discovery import resolve_workers
 from gateway.cluster.forget import SnapshotForgets
@@ -59,7 +59,7 @@ class ClusterEngine:
         spill_queue_s: float = 0.5,
         replica_rate: float = 2.0,
         load_stats: LoadStats | None = None,
-        on_close: Any = None,
+        on_close: Callable[[], Awaitable[None]] | None = None,
         unix_paths: dict[str, str] | None = None,  # url -> Unix socket (the local worker)
     ) -> None:
         self._info = EngineInfo(tokenizer, info.max_model_len, info.block_size)
@@ -78,8 +78,8 @@ class ClusterEngine:
         self.forgets = SnapshotForgets()
         self._flights: dict[str, Member] = {}  # request id -> worker serving it
         self._session: aiohttp.ClientSession | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._streams: dict[str, asyncio.Task[Any]] = {}  # url -> KV event task
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._streams: dict[str, asyncio.Task[None]] = {}  # url -> KV event task
         self._dirty = asyncio.Event()
         self._demand_shape: dict[str, tuple[int, int]] = {}
         self._started = False
@@ -146,7 +146,7 @@ class ClusterEngine:
         if self._on_close is not None:
             await self._on_close()
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> asyncio.Task[object]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -309,16 +309,17 @@ class ClusterEngine:
         cost = len(token_ids) + params.max_tokens
         tried: set[str] = set()
         while True:
-            route = self._route(key, namespace, token_ids, tried, options.cache_scope)
+            route = self._route(
+                key, namespace, token_ids, tried, options.cache_scope, options.tenant
+            )
             m = route.member
-            stream = aiter(m.client.generate(token_ids, params, options))
-            m.local_tokens += cost
-            m.inflight += 1
+            stream = m.client.generate(token_ids, params, options)  # its own iterator
+            m.add_work(options.tenant, cost)
             self._flights[rid] = m
             try:
                 first = await anext(stream)
             except (WorkerUnavailable, EngineOverloaded) as exc:
-                self._leave(rid, m, cost)
+                self._leave(rid, m, cost, options.tenant)
                 await _close(stream)
                 tried.add(m.worker_id)
                 self.retries += 1
@@ -327,13 +328,13 @@ class ClusterEngine:
                     self._dirty.set()
                 continue
             except BaseException:
-                self._leave(rid, m, cost)
+                self._leave(rid, m, cost, options.tenant)
                 await _close(stream)
                 raise
             break
         m.routed[route.reason if not tried else "retry"] += 1
         try:
-            out = first
+            out = dataclasses.replace(first, worker=m.worker_id)  # who served it (the ledger's)
             while True:
                 m.last_output = time.monotonic()
                 yield out
@@ -344,7 +345,7 @@ class ClusterEngine:
                     return
                 out = await anext(stream)
         finally:
-            self._leave(rid, m, cost)
+            self._leave(rid, m, cost, options.tenant)
             await _close(stream)
 
     def _route(
@@ -354,6 +355,7 @@ class ClusterEngine:
         ids: Sequence[int],
         tried: set[str],
         scope: CacheScope | None = None,
+        tenant: str = "default",
     ) -> Route:
         members = [m for w, m in self.healthy().items() if w not in tried]
         degraded = not members
@@ -375,16 +377,15 @@ class ClusterEngine:
         if pin is not None:  # while a pin moves, its old holders serve until the new one has it
             held = [w for w in placed if w in pin.handles]
             placed = tuple(held) or tuple(w for w in pin.handles if w not in placed) or placed
-        route = choose(members, placed, key, affinity, self._spill_queue_s)
+        route = choose(members, placed, key, affinity, self._spill_queue_s, tenant)
         if route is None:
             raise WorkerUnavailable("no healthy worker can take the request")
         return Route(route.member, "degraded") if degraded else route
 
-    def _leave(self, rid: str, m: Member, cost: int) -> None:
+    def _leave(self, rid: str, m: Member, cost: int, tenant: str) -> None:
         if self._flights.get(rid) is m:
             del self._flights[rid]
-            m.local_tokens -= cost
-            m.inflight -= 1
+            m.end_work(tenant, cost)
 
     async def abort(self, request_id: str) -> None:
         m = self._flights.get(request_id)
@@ -407,6 +408,6 @@ def _tenant_pin(ticket: PinTicket) -> TenantPin:
     return ticket
 
 
-async def _close(stream: Any) -> None:
+async def _close(stream: AsyncGenerator[object, None]) -> None:
     with contextlib.suppress(Exception):
         await stream.aclose()

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import structlog
 
-from engine.worker.messages import WireError
+from engine.serving.worker.messages import WireError
 from gateway.cluster.channel import WorkerUnavailable
 from gateway.cluster.members import Member
 

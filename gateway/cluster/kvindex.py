@@ -1,14 +1,14 @@
 """Which workers hold which KV blocks, learned from the workers' KV event streams.
 
-Keys are the engine's chained block keys (engine/kv/hashing.py), so the gateway computes a
+Keys are the engine's chained block keys (engine/core/kv/hashing.py), so the gateway computes a
 prompt's keys itself and finds the worker holding its longest cached prefix::
 
     prompt blocks:  k0 -> k1 -> k2 -> k3 -> k4          (k_i fixes the whole prefix up to block i)
     index:          k0:{A,B} k1:{A,B} k2:{A} k3:{A}     -> A holds 4 blocks, B 2
 
 A worker holds a key on the device, in its host-memory tier, or both (the tier events of
-engine/worker/events.py). A host-tier block still counts (a copy in beats recomputing it), but at
-the longest prefix the workers holding it on the device come first::
+engine/serving/worker/events.py). A host-tier block still counts (a copy in beats recomputing it),
+but at the longest prefix the workers holding it on the device come first::
 
     k3:{A: host, B: device}    -> 4 blocks, B (A only when no worker has it on the device)
 
@@ -16,7 +16,7 @@ Bounded: beyond ``max_keys`` the oldest keys are forgotten (a lost hint, never a
 the worker still checks its own cache).
 
 A request with a cache scope (an end user) looks its prompt up under the same scope the engine
-keys it with (engine/kv/hashing.py): the tenant prefix is found wherever it is, the rest only
+keys it with (engine/core/kv/hashing.py): the tenant prefix is found wherever it is, the rest only
 where this end user's own earlier turns are.
 """
 
@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from engine.kv import types as tiers
-from engine.kv.hashing import CacheScope, block_keys, root_key
-from engine.worker.messages import KvEvent, Removed, Stored, Tiered
+from engine.core.kv import types as tiers
+from engine.core.kv.hashing import CacheScope, block_keys, root_key
+from engine.serving.worker.messages import KvEvent, Removed, Stored, Tiered
 
 DEVICE = 1  # where a worker holds a key (bits)
 HOST = 2

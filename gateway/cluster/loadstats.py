@@ -19,9 +19,12 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import structlog
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 log = structlog.get_logger(__name__)
 BUCKETS = 6  # complete windows averaged into a rate
@@ -30,7 +33,7 @@ BUCKETS = 6  # complete windows averaged into a rate
 class LoadStats:
     def __init__(
         self,
-        redis: Any | None,
+        redis: Redis | None,
         prefix: str,
         window_s: float,
         clock: Callable[[], float] = time.time,
@@ -65,18 +68,20 @@ class LoadStats:
             for b in done:
                 counts.update(self._local.get(b, {}))
         else:
-            counts = await self._exchange(pending, done)
+            counts = await self._exchange(self._redis, pending, done)
         span = self._window * BUCKETS
         self.rates = {k: int(n) / span for k, n in counts.items()}
         return self.rates
 
-    async def _exchange(self, pending: Counter[tuple[int, str]], done: range) -> Counter[str]:
+    async def _exchange(
+        self, redis: Redis, pending: Counter[tuple[int, str]], done: range
+    ) -> Counter[str]:
         ttl = max(1, int(self._window * (BUCKETS + 2)))
         for old in [b for b in self._settled if b < done.start]:
             del self._settled[old]
         unread = [b for b in done if b not in self._settled]
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
+            async with redis.pipeline(transaction=False) as pipe:
                 for (bucket, key), n in pending.items():
                     pipe.hincrby(f"{self._prefix}{bucket}", key, n)
                     pipe.expire(f"{self._prefix}{bucket}", ttl)

@@ -4,7 +4,7 @@ It is ``kvgate worker`` in a child process on a free loopback port, with a fresh
 the parent's environment (so every ``KVGATE_*`` engine setting applies) and its standard input
 on a pipe: when the gateway process ends, however it ends, the pipe closes and the worker stops.
 With ``unix=True`` it also listens on a Unix domain socket in a private temporary directory
-(``unix_path``): the endpoint of its message transport (``ipc://``) that the gateway uses.
+(``unix_path``): where the gateway makes its calls (the message transport).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 
-from engine.worker.main import READY_PREFIX
+from engine.serving.worker.main import READY_PREFIX
 
 
 class LocalWorkerError(RuntimeError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from engine.worker.messages import WorkerInfo, WorkerLoad
+from engine.serving.worker.messages import WorkerInfo, WorkerLoad
 from gateway.cluster.client import WorkerClient
 
 # Consecutive failed health checks before a worker is taken out: a refused connection (nothing
@@ -29,6 +29,9 @@ class Member:
     queue_delay_s: float = 0.0  # EWMA of engine queue time of requests it served for us
     routed: Counter[str] = field(default_factory=Counter)  # routing reason -> requests
     inflight: int = 0
+    # this gateway's outstanding tokens on it per tenant (GenerateOptions.tenant): the router
+    # spreads one tenant's burst over its placement set by them
+    tenant_tokens: Counter[str] = field(default_factory=Counter)
 
     @property
     def worker_id(self) -> str:
@@ -38,6 +41,26 @@ class Member:
     def cost(self) -> int:
         """Outstanding tokens on the worker: ours (exact) + the others' (one poll old)."""
         return self.local_tokens + self.other_tokens
+
+    def tenant_cost(self, tenant: str) -> int:
+        """What a request of ``tenant`` sees: the worker's outstanding tokens, with the
+        tenant's own counted twice (its requests on one worker compete with each other for
+        that engine's fair share; elsewhere they would not)."""
+        return self.cost + self.tenant_tokens.get(tenant, 0)
+
+    def add_work(self, tenant: str, cost: int) -> None:
+        self.local_tokens += cost
+        self.inflight += 1
+        self.tenant_tokens[tenant] += cost
+
+    def end_work(self, tenant: str, cost: int) -> None:
+        self.local_tokens -= cost
+        self.inflight -= 1
+        left = self.tenant_tokens[tenant] - cost
+        if left > 0:
+            self.tenant_tokens[tenant] = left
+        else:
+            del self.tenant_tokens[tenant]
 
     def observed(self, load: WorkerLoad) -> None:
         self.load = load
@@ -56,4 +79,6 @@ class Member:
 
     def check_integrity(self) -> None:
         assert self.local_tokens >= 0 and self.inflight >= 0, f"{self.url}: negative load"
+        assert all(n > 0 for n in self.tenant_tokens.values()), f"{self.url}: tenant tokens"
+        assert sum(self.tenant_tokens.values()) == self.local_tokens, f"{self.url}: tenant sum"
         assert not self.healthy or self.info is not None, f"{self.url}: healthy without info"

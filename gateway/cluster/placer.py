@@ -24,6 +24,7 @@ evicts later is not warmed again either (its next request computes it, as withou
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,11 +34,11 @@ from typing import Any
 import structlog
 
 from engine.api import GenerateOptions, PinStatus, PinTier
+from engine.core.kv import PinHandle
+from engine.core.request import request_id_or_new
 from engine.errors import EngineError
-from engine.kv import PinHandle
 from engine.params import SamplingParams
-from engine.request import request_id_or_new
-from engine.worker.messages import WireError
+from engine.serving.worker.messages import WireError
 from gateway.cluster.members import Member
 from gateway.cluster.placement import (
     Placement,
@@ -203,7 +204,7 @@ class Placer:
                 self._warm_one(pin, members[hrw_order(key, live)[0]])
             )
             self._warming[key] = task
-            task.add_done_callback(lambda done, key=key: self._warm_done(key, done))
+            task.add_done_callback(functools.partial(self._warm_done, key))
 
     def _warm_done(self, key: str, task: asyncio.Task[None]) -> None:
         if self._warming.get(key) is task:

@@ -3,7 +3,8 @@
 1. affinity   a worker holds more of this prompt than the pinned system prompt (an earlier
               turn of the conversation: KV-event index, keyed in the end user's cache scope,
               so only the end user's own turns count), and its queue is short
-2. placement  the least-loaded worker (outstanding tokens) of the tenant's placement set
+2. placement  the least-loaded worker of the tenant's placement set: outstanding tokens, the
+              tenant's own counted twice (a burst spreads over the set, not onto one worker)
 3. spill      every worker of the set has a queue delay over the threshold: the least-loaded
               healthy worker anywhere
 4. hash       the tenant is placed nowhere (no room): its rendezvous-first healthy worker
@@ -31,6 +32,7 @@ def choose(
     key: str,
     affinity: Collection[str],
     spill_queue_s: float,
+    tenant: str = "default",
 ) -> Route | None:
     """``members``: healthy candidates; ``placed``: the tenant's placement set (worker ids);
     ``affinity``: workers holding the conversation beyond the pinned prefix."""
@@ -45,7 +47,9 @@ def choose(
     if pool:
         fresh = [m for m in pool if m.queue_delay_s <= spill_queue_s]
         if fresh:
-            return Route(min(fresh, key=_cost), "placement")
+            return Route(
+                min(fresh, key=lambda m: (m.tenant_cost(tenant), m.worker_id)), "placement"
+            )
         best = min(members, key=_cost)
         if best not in pool and best.queue_delay_s < min(m.queue_delay_s for m in pool):
             return Route(best, "spill")

@@ -25,11 +25,6 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--id", help="worker id for placement (default: KVGATE_WORKER_ID, host:port)")
     p.add_argument("--exit-with-stdin", action="store_true", help="stop when stdin closes")
     p.add_argument("--unix", help="also serve on this Unix domain socket path")
-    p.add_argument(
-        "--transport-port",
-        type=int,
-        help="the gateways' message transport port (default: --port + 1; announced in /v1/info)",
-    )
     return p.parse_args(list(argv))
 
 
@@ -50,7 +45,7 @@ def main(argv: Sequence[str]) -> int:
 
         model_dir = str(ensure_demo_model(settings.server.var_dir))
     worker_id = args.id or settings.cluster.worker_id or f"{socket.gethostname()}:{args.port}"
-    from engine.worker.main import build_app, serve_worker
+    from engine.serving.worker.main import build_app, serve_worker
 
     app = build_app(model_dir, token, worker_id, **settings.model.engine_overrides())
     asyncio.run(
@@ -60,7 +55,6 @@ def main(argv: Sequence[str]) -> int:
             args.port,
             exit_with_stdin=args.exit_with_stdin,
             unix_path=args.unix,
-            transport_port=args.transport_port,
         )
     )
     return 0

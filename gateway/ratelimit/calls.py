@@ -39,6 +39,7 @@ from redis.exceptions import TimeoutError as RedisTimeout
 from redis.maint_notifications import MaintNotificationsConfig
 
 MAX_CONNECTIONS = 32  # script calls in flight at once, and so connections held
+ScriptArg = str | int | float  # what the script takes in ARGV (redis-py encodes each)
 
 
 def make_script_client(url: str, timeout_s: float) -> aioredis.Redis:
@@ -66,7 +67,7 @@ class ScriptCalls:
         self.script = script
         self.sha = hashlib.sha1(script.encode()).hexdigest()
 
-    async def run(self, keys: Sequence[str], args: Sequence[object]) -> Any:
+    async def run(self, keys: Sequence[str], args: Sequence[ScriptArg]) -> Any:
         try:
             async with asyncio.timeout(self._timeout), self._slots:
                 try:

@@ -199,13 +199,13 @@ class MemoryLimiter:
         self._until_sweep = SWEEP_EVERY
         for key in [k for k, (tat, _) in self._tat.items() if tat <= now]:
             del self._tat[key]
-        for key in [k for k, (_, when) in self._hold.items() if now - when > HOLD_KEEP_MS]:
-            del self._hold[key]
-        for key, leases in list(self._leases.items()):
+        for scope in [k for k, (_, when) in self._hold.items() if now - when > HOLD_KEEP_MS]:
+            del self._hold[scope]
+        for scope, leases in list(self._leases.items()):
             for lease_id in [k for k, (exp, _) in leases.items() if exp <= now]:
                 del leases[lease_id]
             if not leases:
-                del self._leases[key]
+                del self._leases[scope]
 
     def state_size(self) -> int:
         """Entries kept (debts, hold times, lease tables): bounded by recent traffic."""

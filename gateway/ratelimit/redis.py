@@ -28,7 +28,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.ratelimit.calls import ScriptCalls, make_script_client
+from gateway.ratelimit.calls import ScriptArg, ScriptCalls, make_script_client
 from gateway.ratelimit.leases import Held, LeaseBook, Renewer
 from gateway.ratelimit.script import GCRA_LUA
 from gateway.ratelimit.types import (
@@ -108,7 +108,7 @@ class RedisLimiter:
     async def acquire(self, lease: Lease) -> Decision:
         self.renewer.ensure_running()
         hints = self.hints(lease) if self.hints is not None else None
-        args: list[object] = ["acquire", lease.lease_id, self._ttl_ms, lease.reserved_tokens]
+        args: list[ScriptArg] = ["acquire", lease.lease_id, self._ttl_ms, lease.reserved_tokens]
         args += [lease.slots, len(lease.scopes)]
         for i, scope in enumerate(lease.scopes):
             lim = scope.limits
@@ -122,7 +122,7 @@ class RedisLimiter:
 
     async def charge(self, lease: Lease) -> Decision:
         keys = [f"{self.scope_base(lease.tenant, s)}:rpm" for s in lease.scopes]
-        args: list[object] = ["charge", *(s.limits.rpm for s in lease.scopes)]
+        args: list[ScriptArg] = ["charge", *(s.limits.rpm for s in lease.scopes)]
         reply = await self._calls.run(keys, args)
         return _charge_decision(lease, [int(x) for x in reply.split()])
 
@@ -135,7 +135,7 @@ class RedisLimiter:
     async def release_in_redis(
         self, lease: Lease, used_tokens: int, held_ms: float, *, doubt: bool
     ) -> None:
-        args: list[object] = ["release", lease.lease_id, used_tokens, lease.reserved_tokens]
+        args: list[ScriptArg] = ["release", lease.lease_id, used_tokens, lease.reserved_tokens]
         args += [int(held_ms), int(doubt), self._ttl_ms, lease.slots, len(lease.scopes)]
         for scope in lease.scopes:
             args += [scope.limits.rpm, scope.limits.tpm, scope.limits.max_concurrency]
@@ -148,7 +148,7 @@ class RedisLimiter:
             by_tenant.setdefault(lease.tenant, []).append(lease)
         for tenant, group in by_tenant.items():
             index: dict[str, int] = {}
-            args: list[object] = ["renew", self._ttl_ms]
+            args: list[ScriptArg] = ["renew", self._ttl_ms]
             for lease in group:
                 for scope in lease.scopes:
                     key = f"{self.scope_base(tenant, scope)}:leases"

@@ -54,6 +54,26 @@ def _dense_messages(model: str, size: int) -> bytes:
     )
 
 
+def _dense_parts(model: str, size: int) -> bytes:
+    """One message of as many one-letter text parts as ``size`` bytes hold."""
+    one = b'{"type":"text","text":"x"},'
+    return (
+        b'{"model":"%s","messages":[{"role":"user","content":[%s{"type":"text","text":"x"}]}]}'
+        % (
+            model.encode(),
+            one * ((size - 120) // len(one)),
+        )
+    )
+
+
+def _dense_unknown(model: str, size: int) -> bytes:
+    """A valid request with an unknown field holding as many values as ``size`` bytes hold."""
+    return b'{"model":"%s","messages":[{"role":"user","content":"x"}],"junk":[%s0]}' % (
+        model.encode(),
+        b"0," * ((size - 120) // 2),
+    )
+
+
 def forged_session(tenant_id: str, newline: bool = False) -> str:
     """A session token naming ``tenant_id`` with a made-up signature."""
     tenant = tenant_id + ("\n" if newline else "")
@@ -78,6 +98,8 @@ def catalogue(model: str, victim_tenant: str) -> list[Hostile]:
         ),
         # as many JSON values as the widget bound allows: parsed, then refused (messages)
         Hostile("dense_messages", _dense_messages(model, 250_000), bad),
+        Hostile("dense_content_parts", _dense_parts(model, 250_000), bad),
+        Hostile("dense_unknown_field", _dense_unknown(model, 250_000), bad),
         # just under the character bound: rendered and tokenized (off the loop), then refused
         Hostile("near_bound_message", encode(chat(model, words(rng, 50_000), max_tokens=1)), bad),
     ]

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.engine import Engine
 from engine.params import SamplingParams
+from engine.serving.engine import Engine
 from gateway.chat.admission import sampling_params
 from gateway.chat.schemas import parse_chat_request
 from gateway.default_model import SAMPLING_DEFAULTS

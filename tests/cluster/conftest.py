@@ -11,7 +11,7 @@ from tests.cluster.workers import start_workers, stop_workers
 
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.model.demo import write_demo_model
+    from engine.runtime.model.demo import write_demo_model
 
     return write_demo_model(tmp_path_factory.mktemp("demo-model"))
 

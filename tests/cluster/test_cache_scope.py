@@ -11,18 +11,18 @@ import msgspec
 import pytest
 
 from engine.api import GenerateOptions
-from engine.kv import CacheScope
-from engine.kv.hashing import block_keys, root_key
+from engine.core.kv import CacheScope
+from engine.core.kv.hashing import block_keys, root_key
 from engine.params import SamplingParams
-from engine.worker import messages as m
-from engine.worker.messages import STORED, kv_events
+from engine.serving.worker import messages as m
+from engine.serving.worker.messages import STORED, kv_events
 from gateway.cluster.client import WorkerClient
 from gateway.cluster.local import LocalWorker
 from gateway.cluster.placement import WorkerSlot, hrw_order, place
 from gateway.cluster.placer import TenantPin, placement_key
 from tests.cluster.test_cluster import BLOCK, GREEDY, prompt, running
 from tests.cluster.test_cold_tenants import _engine
-from tests.cluster.test_worker_transport import raw_dealer
+from tests.cluster.test_worker_transport import raw_peer, recv_reply
 from tests.cluster.workers import TOKEN
 
 SYSTEM = prompt(70, 2)  # the tenant prefix: 2 blocks
@@ -100,13 +100,9 @@ async def test_the_worker_api_keys_blocks_in_the_request_scope(
         assert await cached("s3", None) == len(SYSTEM)
         assert await cached("s4", visitor("a")) == (len(convo) - 1) // BLOCK * BLOCK
         # a malformed scope is refused before any engine request is made
-        info = await client.info()
-        sock = await raw_dealer(f"tcp://127.0.0.1:{info.transport_port}", TOKEN)
-        try:
-            await sock.send(_generate_with_scope({"salt": "not bytes", "shared_tokens": 3}))
-            reply = m.decode_reply(await asyncio.wait_for(sock.recv(), 10))
-        finally:
-            sock.close()
+        async with await raw_peer(http, three_workers[2].url, TOKEN) as ws:
+            await ws.send_bytes(_generate_with_scope({"salt": "not bytes", "shared_tokens": 3}))
+            reply = await recv_reply(ws, 10)
         assert isinstance(reply, m.Failed)
         err = reply.error.rebuild()
         assert isinstance(err, ValueError) and "bad generate request" in str(err)

@@ -3,8 +3,8 @@ where their prompt is still cached."""
 
 from __future__ import annotations
 
-from engine.kv.hashing import block_keys, root_key
-from engine.worker.messages import STORED, kv_events
+from engine.core.kv.hashing import block_keys, root_key
+from engine.serving.worker.messages import STORED, kv_events
 from gateway.cluster.client import WorkerClient, WorkerInfo
 from gateway.cluster.engine import ClusterEngine
 from gateway.cluster.members import Member

@@ -13,11 +13,11 @@ import aiohttp
 import msgspec
 import pytest
 
-from engine.kv import BlockState, PinHandle, PrefixCache
-from engine.kv.hashing import block_keys, root_key
-from engine.worker import messages as m
-from engine.worker.events import KvEventHub
-from engine.worker.messages import REMOVED, STORED, TIER, KvEvent, kv_events
+from engine.core.kv import BlockState, PinHandle, PrefixCache
+from engine.core.kv.hashing import block_keys, root_key
+from engine.serving.worker import messages as m
+from engine.serving.worker.events import KvEventHub
+from engine.serving.worker.messages import REMOVED, STORED, TIER, KvEvent, kv_events
 from gateway.cluster.admin import cluster_report
 from gateway.cluster.client import WorkerClient
 from gateway.cluster.kvindex import DEVICE, HOST, KvIndex

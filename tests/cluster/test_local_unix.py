@@ -1,4 +1,4 @@
-"""The local worker's Unix domain socket (the transport's ipc:// endpoint): owner-only,
+"""The local worker's Unix domain socket (its probes and transport on a path): owner-only,
 authenticated, used for generate."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from engine.api import GenerateOptions
 from engine.params import SamplingParams
-from engine.worker import messages as m
+from engine.serving.worker import messages as m
 from gateway.cluster.channel import WorkerChannel, WorkerUnavailable
 from gateway.cluster.client import WorkerClient
 from gateway.cluster.local import LocalWorker
@@ -36,15 +36,16 @@ async def test_local_worker_streams_generate_over_its_unix_socket(demo_model_dir
             want = [o async for o in tcp.generate(prompt, GREEDY, GenerateOptions("u", "a"))]
             got = [o async for o in unix.generate(prompt, GREEDY, GenerateOptions("u", "b"))]
             assert got[-1].token_ids == want[-1].token_ids and len(got[-1].token_ids) == 4
-            # the stream went over the transport's Unix socket, owner-only
-            endpoint = unix._channel.endpoint if unix._channel else ""
-            assert endpoint.startswith("ipc://") and endpoint.removeprefix("ipc://").startswith(
-                path
-            )
-            assert stat.S_IMODE(os.stat(endpoint.removeprefix("ipc://")).st_mode) == 0o600
-            # the same token check as on TCP: another token's keys are not admitted
-            other = WorkerChannel(endpoint, "another-token-0123456789abcdef00", connect_s=2.0)
-            with pytest.raises(WorkerUnavailable):
+            # calls go over the Unix socket (owner-only): a channel whose URL leads nowhere
+            # is served through it
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+            nowhere = "http://127.0.0.1:9"
+            only_unix = WorkerChannel(nowhere, TOKEN, unix_path=path, connect_s=5.0)
+            assert isinstance(await only_unix.request(m.Load, 5.0), m.Loaded)
+            await only_unix.close()
+            # the same token check as on TCP: another token is not admitted
+            other = WorkerChannel(nowhere, "another-token-0123456789abcdef00", unix_path=path)
+            with pytest.raises(WorkerUnavailable, match="upgrade refused"):
                 await other.request(m.Load, 2.0)
             await other.close()
             await unix.close()

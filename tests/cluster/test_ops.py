@@ -115,7 +115,8 @@ def test_dashboard_and_alerts_use_metrics_the_gateway_exports() -> None:
         assert base in exported, name
     panels = " ".join(_dashboard_exprs())
     for needed in ("kvgate_ttft_seconds_bucket", "kvgate_worker_pinned_tenants",
-                   "kvgate_ratelimit_rejections_total", "kvgate_ratelimit_redis_down"):  # fmt: skip
+                   "kvgate_ratelimit_rejections_total", "kvgate_ratelimit_redis_down",
+                   "kvgate_usage_spend_usd_total"):  # fmt: skip
         assert needed in panels
 
 
@@ -202,21 +203,18 @@ def test_compose_publishes_only_the_api_and_needs_a_generated_worker_token() -> 
         assert re.fullmatch(r"\$\{KVGATE_WORKER_TOKEN:\?[^}]+\}", token), token  # no default
 
 
-def test_deployments_open_the_worker_transport_port() -> None:
-    """The gateways' calls go to the transport port (--port + 1 by default, announced in
-    /v1/info): the StatefulSet, its Service, the NetworkPolicy and compose all carry it."""
-    from engine.worker.main import transport_port_for
-
-    transport = transport_port_for(8100)
+def test_deployments_open_one_worker_port_for_probes_and_calls() -> None:
+    """The gateways' calls go over the worker's own port (the transport is a WebSocket on the
+    probes' server): the StatefulSet, its Service, the NetworkPolicy and compose carry that port
+    and no other, so nothing else of a worker is reachable."""
     (sts,) = by_kind("StatefulSet")
     (c,) = sts["spec"]["template"]["spec"]["containers"]
-    assert {"name": "transport", "containerPort": transport} in c["ports"]
+    port = int(c["args"][c["args"].index("--port") + 1])
+    assert c["ports"] == [{"name": "internal", "containerPort": port}]
     (svc,) = [s for s in by_kind("Service") if s["metadata"]["name"] == "kvgate-worker"]
-    assert {"name": "transport", "port": transport, "targetPort": "transport"} in svc["spec"][
-        "ports"
-    ]
+    assert svc["spec"]["ports"] == [{"name": "internal", "port": port, "targetPort": "internal"}]
     (rule,) = _policy("kvgate-worker")["spec"]["ingress"]
-    assert {"protocol": "TCP", "port": transport} in rule["ports"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": port}]
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     workers = [s for s in compose["services"].values() if s.get("command", [None])[0] == "worker"]
-    assert all(str(transport) in w["expose"] for w in workers)
+    assert workers and all(w["expose"] == [str(port)] for w in workers)

@@ -7,7 +7,7 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from engine.snapshot import namespace_digest
+from engine.runtime.snapshot import namespace_digest
 from gateway.cluster.local import LocalWorker
 from tests.cluster.workers import TOKEN, stop_all, worker_env
 from tests.gateway.harness import (

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from engine.api import GenerateOptions
-from engine.kv import PinHandle
+from engine.core.kv import PinHandle
 from gateway.cluster.client import WorkerInfo
 from gateway.cluster.members import Member
 from gateway.cluster.placement import hrw_order

@@ -100,7 +100,7 @@ async def test_leaving_a_stream_aborts_the_request_on_the_worker(
 async def test_kv_events_name_the_blocks_a_request_stored(
     three_workers: list[LocalWorker],
 ) -> None:
-    from engine.kv.hashing import block_keys, root_key
+    from engine.core.kv.hashing import block_keys, root_key
 
     prompt = [(i * 11) % 1500 + 3 for i in range(50)]
     async with aiohttp.ClientSession() as http:

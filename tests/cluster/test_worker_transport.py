@@ -1,30 +1,30 @@
-"""The worker transport (engine/worker/transport.py) and the gateway's channel to it: streams,
-refusals, callers that leave, backpressure, a worker that goes away, other tokens."""
+"""The worker transport (engine/serving/worker/transport.py) and the gateway's channel to it:
+streams, refusals, callers that leave, a slow reader, a worker that is killed, other tokens."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import msgspec
 import pytest
-import zmq
-import zmq.asyncio
 from aiohttp import web
 
 from engine.api import GenerateOptions
-from engine.async_engine import AsyncEngine
 from engine.errors import PromptTooLong
 from engine.params import SamplingParams
-from engine.worker import messages as m
-from engine.worker.curve import curve_keys
-from engine.worker.events import KvEventHub
-from engine.worker.server import WORKER, create_worker_app
-from engine.worker.transport import WorkerTransport
+from engine.serving.async_engine import AsyncEngine
+from engine.serving.worker import messages as m
+from engine.serving.worker.events import KvEventHub
+from engine.serving.worker.server import WORKER, create_worker_app
+from engine.serving.worker.transport import CALLS_PATH
 from gateway.cluster.channel import WorkerChannel
 from gateway.cluster.client import WorkerClient, WorkerLost, WorkerUnavailable
+from gateway.cluster.local import LocalWorker
+from tests.cluster.workers import worker_env
 from tests.engine._tiny_model import kv_bytes, tiny_model_dir
 
 TOKEN = "transport-token-0123456789abcdef"
@@ -33,9 +33,9 @@ TOKEN = "transport-token-0123456789abcdef"
 @dataclass
 class Served:
     url: str
-    endpoint: str
     engine: AsyncEngine
-    transport: WorkerTransport
+    app: web.Application
+    runner: web.AppRunner
     http: aiohttp.ClientSession
 
     def client(self, token: str = TOKEN) -> WorkerClient:
@@ -54,17 +54,10 @@ async def served() -> AsyncIterator[Served]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     host, port = runner.addresses[0][:2]
-    transport = WorkerTransport(app[WORKER])
-    tport = await transport.start(["tcp://127.0.0.1:0"])
-    assert tport is not None
-    app[WORKER].info = msgspec.structs.replace(app[WORKER].info, transport_port=tport)
     async with aiohttp.ClientSession() as http:
         try:
-            yield Served(
-                f"http://{host}:{port}", f"tcp://127.0.0.1:{tport}", engine, transport, http
-            )
+            yield Served(f"http://{host}:{port}", engine, app, runner, http)
         finally:
-            await transport.close()
             await runner.cleanup()
 
 
@@ -107,86 +100,96 @@ async def test_an_engine_refusal_reaches_the_caller_as_that_error(served: Served
     await client.close()
 
 
-async def raw_dealer(endpoint: str, token: str = TOKEN) -> zmq.asyncio.Socket:
-    """A bare DEALER with ``token``'s keys, to send what a WorkerChannel would not."""
-    keys = curve_keys(token)
-    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-    sock.linger = 0
-    sock.curve_serverkey = keys.server_public
-    sock.curve_publickey, sock.curve_secretkey = keys.client_public, keys.client_secret
-    sock.connect(endpoint)
-    return sock
+async def raw_peer(
+    http: aiohttp.ClientSession, url: str, token: str = TOKEN
+) -> aiohttp.ClientWebSocketResponse:
+    """A bare connection to the transport, to send what a WorkerChannel would not."""
+    headers = {"Authorization": f"Bearer {token}"}
+    return await http.ws_connect(url + CALLS_PATH, headers=headers)
+
+
+async def recv_reply(ws: aiohttp.ClientWebSocketResponse, timeout_s: float = 5) -> m.Reply:
+    return m.decode_reply(await ws.receive_bytes(timeout=timeout_s))
 
 
 async def test_malformed_messages_are_refused_and_the_worker_goes_on(served: Served) -> None:
-    sock = await raw_dealer(served.endpoint)
-    try:
-        await sock.send(b"\xc1 not msgpack")  # names no call: dropped
-        await sock.send(msgspec.msgpack.encode({"op": "generate", "call": 7, "token_ids": "x"}))
-        reply = m.decode_reply(await asyncio.wait_for(sock.recv(), 5))
+    async with await raw_peer(served.http, served.url) as ws:
+        await ws.send_bytes(b"\xc1 not msgpack")  # names no call: dropped
+        await ws.send_str("a text frame")  # not part of the protocol: dropped
+        await ws.send_bytes(msgspec.msgpack.encode({"op": "generate", "call": 7, "token_ids": "x"}))
+        reply = await recv_reply(ws)
         assert isinstance(reply, m.Failed) and reply.call == 7
         assert reply.error.type == "ValueError"
         bad = {"op": "generate", "call": 8, "token_ids": [5], "params": {"max_tokens": 0}}
-        await sock.send(msgspec.msgpack.encode({**bad, "options": {"request_id": "r"}}))
-        reply = m.decode_reply(await asyncio.wait_for(sock.recv(), 5))
+        await ws.send_bytes(msgspec.msgpack.encode({**bad, "options": {"request_id": "r"}}))
+        reply = await recv_reply(ws)
         assert isinstance(reply, m.Failed) and reply.call == 8  # SamplingParams' own check
-        await sock.send(m.encode(m.Load(9)))  # the same connection is still served
-        reply = m.decode_reply(await asyncio.wait_for(sock.recv(), 5))
+        await ws.send_bytes(m.encode(m.Load(9)))  # the same connection is still served
+        reply = await recv_reply(ws)
         assert isinstance(reply, m.Loaded) and reply.load.healthy
-    finally:
-        sock.close()
 
 
 async def test_a_peer_without_the_token_is_not_admitted(served: Served) -> None:
-    chan = WorkerChannel(served.endpoint, "another-token-0123456789abcdef00", connect_s=2.0)
-    with pytest.raises(WorkerUnavailable):
+    chan = WorkerChannel(served.url, "another-token-0123456789abcdef00", served.http)
+    with pytest.raises(WorkerUnavailable, match="upgrade refused"):
         await chan.request(m.Load, 2.0)
+    assert chan.denied and not chan.refused
     await chan.close()
+    with pytest.raises(aiohttp.WSServerHandshakeError) as raw:
+        await served.http.ws_connect(served.url + CALLS_PATH)  # no token at all
+    assert raw.value.status == 401
     good = served.client()
     assert (await good.load()).healthy  # the worker serves the others as before
     await good.close()
 
 
 async def test_a_slow_reader_loses_no_frame(served: Served) -> None:
-    sock = await raw_dealer(served.endpoint)
-    sock.rcvhwm = 1
-    try:
+    async with await raw_peer(served.http, served.url) as ws:
         options = GenerateOptions("n", "slow")
-        await sock.send(m.encode(m.Generate(1, [5, 6, 7], _params(120), options)))
-        await asyncio.sleep(1.0)  # nothing read: the worker's queue to us fills, then it waits
-        frames = []
+        await ws.send_bytes(m.encode(m.Generate(1, [5, 6, 7], _params(120), options)))
+        await asyncio.sleep(1.0)  # nothing read meanwhile: the frames wait in the buffers
+        frames: list[m.Output] = []
         while not (frames and frames[-1].finished):
-            frames.append(m.decode_reply(await asyncio.wait_for(sock.recv(), 10)))
+            reply = await recv_reply(ws, 10)
+            assert isinstance(reply, m.Output)
+            frames.append(reply)
         assert len(frames) == 120
         assert frames[-1].token_ids == [t for f in frames for t in f.new_token_ids]
+
+
+async def test_streams_of_a_worker_that_is_killed_end_with_worker_lost(
+    demo_model_dir: Path,
+) -> None:
+    worker = await asyncio.to_thread(
+        LocalWorker.start, str(demo_model_dir), 120, token=TOKEN, env=worker_env()
+    )
+    try:
+        async with aiohttp.ClientSession() as http:
+            client = WorkerClient(worker.url, TOKEN, http)
+            stream = client.generate([5, 6, 7, 8], _params(500), GenerateOptions("n", "gone"))
+            await anext(stream)
+            worker.proc.kill()  # the connection drops with no last frame
+            with pytest.raises(WorkerLost):
+                async with asyncio.timeout(10):
+                    async for _ in stream:
+                        pass
+            with pytest.raises(WorkerUnavailable) as refused:
+                await client.load()  # nothing listens there now
+            assert refused.value.refused
+            await client.close()
     finally:
-        sock.close()
-
-
-async def test_streams_of_a_worker_that_goes_away_end_with_worker_lost(served: Served) -> None:
-    client = served.client()
-    stream = client.generate([5, 6, 7, 8], _params(500), GenerateOptions("n", "gone"))
-    await anext(stream)
-    await served.transport.close()  # the worker's socket closes: the connection drops
-    with pytest.raises(WorkerLost):
-        async with asyncio.timeout(10):
-            async for _ in stream:
-                pass
-    with pytest.raises(WorkerUnavailable) as refused:
-        await client.load()  # nothing listens there now
-    assert refused.value.refused
-    await client.close()
+        await worker.stop()
 
 
 async def test_a_worker_of_another_protocol_is_not_taken_in(served: Served) -> None:
-    state = served.transport.state
+    state = served.app[WORKER]
     state.info = msgspec.structs.replace(state.info, protocol="0123456789abcdef")
     with pytest.raises(WorkerUnavailable, match="protocol"):
         await served.client().info()
 
 
 def test_the_tokenizer_payload_rebuilds_the_same_tokenizer() -> None:
-    from engine.model.tokenizer import Tokenizer
+    from engine.runtime.model.tokenizer import Tokenizer
 
     tok = Tokenizer.from_pretrained(tiny_model_dir())
     payload = m.from_json(m.to_json(m.TokenizerPayload.of(tok)), m.TokenizerPayload)

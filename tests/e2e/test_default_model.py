@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.engine import Engine
 from engine.params import SamplingParams
+from engine.serving.engine import Engine
 
 QUESTION = "My rocket order 4711 has not arrived"
 TOKENS = 24

@@ -83,7 +83,7 @@ def main(argv: Sequence[str]) -> int:
     model_dir, out_path = Path(argv[0]), Path(argv[1])
     if len(argv) > 2:
         torch.set_num_threads(int(argv[2]))
-    from engine.kernels.cpu import gemm
+    from engine.runtime.kernels.cpu import gemm
 
     ((out, logits),) = generate_with_logits(fresh_engine(model_dir), [PROMPT], greedy())
     kernel = gemm.load()

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.batch import ScheduledBatch
 from engine.config import EngineConfig
-from engine.kv import PrefixCache
+from engine.core.batch import ScheduledBatch
+from engine.core.kv import PrefixCache
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
-from engine.request import Request
-from engine.scheduler import Scheduler
 
 EOS = 0
 VOCAB = 97

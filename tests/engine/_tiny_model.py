@@ -15,8 +15,13 @@ from pathlib import Path
 import torch
 
 from engine import Engine
-from engine.model.demo import TOKENIZER_VOCAB, qwen2_config, random_state_dict, write_model_dir
 from engine.params import SamplingParams
+from engine.runtime.model.demo import (
+    TOKENIZER_VOCAB,
+    qwen2_config,
+    random_state_dict,
+    write_model_dir,
+)
 
 GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 HEAD_DIM = 16

@@ -14,7 +14,7 @@ from engine.api import (
     LocalPin,
     PinStatus,
 )
-from engine.kv import CacheScope, PinHandle, PriorityRange
+from engine.core.kv import CacheScope, PinHandle, PriorityRange
 
 
 def test_the_keyword_form_names_exactly_the_option_fields() -> None:

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from engine import AsyncEngine, Engine
+from engine.core.kv import PriorityRange
 from engine.errors import (
     EngineClosed,
     EngineDead,
@@ -16,7 +17,6 @@ from engine.errors import (
     PromptTooLong,
     RequestAborted,
 )
-from engine.kv import PriorityRange
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
 from tests.engine._logits import assert_logprobs_close

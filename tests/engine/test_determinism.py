@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.kernels.cpu import gemm
-from engine.model.demo import qwen2_config, random_state_dict, write_model_dir
+from engine.runtime.kernels.cpu import gemm
+from engine.runtime.model.demo import qwen2_config, random_state_dict, write_model_dir
 from tests.engine._logits import (
     LOGITS_ATOL,
     PROMPT,

@@ -9,9 +9,9 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from engine.logit_bias import LogitBiasTable
 from engine.params import SamplingParams
-from engine.sampling import Sampler, sample
+from engine.runtime.logit_bias import LogitBiasTable
+from engine.runtime.sampling import Sampler, sample
 
 CPU = torch.device("cpu")
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.batch import ScheduledBatch
 from engine.config import EngineConfig
-from engine.model.inputs import build_step_inputs, shared_prefix_blocks, slots_of
-from engine.model.kv_memory import CPU_KV_CAP_BYTES, block_bytes, kv_budget_bytes
+from engine.core.batch import ScheduledBatch
 from engine.params import SamplingParams
-from engine.runner import ModelRunner
+from engine.runtime.model.inputs import build_step_inputs, shared_prefix_blocks, slots_of
+from engine.runtime.model.kv_memory import CPU_KV_CAP_BYTES, block_bytes, kv_budget_bytes
+from engine.runtime.runner import ModelRunner
 from tests.engine.model.factories import blocks, make_hf_model, make_runner, random_prompt, seq
 
 

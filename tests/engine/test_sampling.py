@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from engine.params import SamplingParams
-from engine.penalties import PenaltyCounts
-from engine.sampling import Sampler, process, sample, truncate, uniforms
+from engine.runtime.penalties import PenaltyCounts
+from engine.runtime.sampling import Sampler, process, sample, truncate, uniforms, unit_interval
 
 
 def _logits(seed: int = 0, v: int = 50) -> torch.Tensor:
@@ -52,6 +52,10 @@ def test_uniforms_are_uniform_and_keyed() -> None:
     assert torch.equal(u[0], u[2]) and not torch.equal(u[0], u[1])
     hist = torch.histc(u[:2].flatten(), bins=10, min=0, max=1)
     assert float(((hist - 4000) ** 2 / 4000).sum()) < 27.9  # chi-square, 9 df, p = 0.001
+    # The extremes of the 32-bit hash stay strictly inside (0, 1): finite Gumbel noise, so a
+    # token at -inf (masked, truncated) can never come out of argmax(x + noise) as a NaN.
+    ends = unit_interval(torch.tensor([0, 1, (1 << 32) - 2, (1 << 32) - 1]))
+    assert bool(((ends > 0) & (ends < 1)).all()), ends.tolist()
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from engine.core.kv import CacheScope, PriorityRange
 from engine.errors import PromptTooLong
-from engine.kv import CacheScope, PriorityRange
 from tests.engine._sched_helpers import (
     EOS,
     FakeRunner,
@@ -22,7 +22,9 @@ from tests.engine._sched_helpers import (
 
 
 def test_scheduler_imports_no_torch() -> None:
-    code = "import sys, engine.scheduler, engine.request; assert 'torch' not in sys.modules"
+    code = (
+        "import sys, engine.core.scheduler, engine.core.request; assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -206,7 +208,7 @@ def test_priorities_reach_the_cache() -> None:
 
 
 def test_blocks_grown_while_decoding_keep_the_admission_priorities() -> None:
-    from engine.scheduler import DECODE_PRIORITY
+    from engine.core.scheduler import DECODE_PRIORITY
 
     sched = make_scheduler(block_size=4)
     runner = FakeRunner(4)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine import Engine
-from engine.snapshot_key import KEY_FILE
+from engine.runtime.snapshot_key import KEY_FILE
 from tests.engine._tiny_model import GREEDY, prompt
 from tests.engine.test_tiers_snapshot import make_engine, pinned_then_restarted
 
@@ -47,7 +47,7 @@ def test_a_payload_forged_with_the_old_unkeyed_checksum_is_refused(
         path.write_bytes(bytes(data))
         forged = make_engine(tmp_path)
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="engine.snapshot"):
+        with caplog.at_level(logging.WARNING, logger="engine.runtime.snapshot"):
             forged.pin_prefix("t", system)
         assert _recomputed(forged, system)
         assert "ignored: MAC mismatch" in caplog.text and "removed" in caplog.text
@@ -76,7 +76,7 @@ def test_another_installations_snapshot_is_refused_and_the_same_key_accepted(
     assert same.core.snapshots.restored == 1 and same.num_model_tokens == 0
 
     other = make_engine(tmp_path, kv_snapshot_key=KEY_B)
-    with caplog.at_level(logging.WARNING, logger="engine.snapshot"):
+    with caplog.at_level(logging.WARNING, logger="engine.runtime.snapshot"):
         other.pin_prefix("t", system)
     assert _recomputed(other, system) and "ignored: MAC mismatch" in caplog.text
     generated = make_engine(tmp_path / "generated")  # no key given: the key file's
@@ -108,7 +108,7 @@ def test_a_size_the_layout_does_not_imply_is_refused_before_the_payload_is_read(
     mac = store._mac()
     mac.update(body)
     path.write_bytes(body + mac.digest())
-    with caplog.at_level(logging.WARNING, logger="engine.snapshot"):
+    with caplog.at_level(logging.WARNING, logger="engine.runtime.snapshot"):
         assert store.load("t", system) is None
     assert "the layout implies" in caplog.text and not path.exists()
 
@@ -116,7 +116,7 @@ def test_a_size_the_layout_does_not_imply_is_refused_before_the_payload_is_read(
     with path.open("r+b") as f:
         f.truncate(len(data) + (1 << 30))
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="engine.snapshot"):
+    with caplog.at_level(logging.WARNING, logger="engine.runtime.snapshot"):
         assert store.load("t", system) is None
     assert f"size {len(data) + (1 << 30)} is not the {len(data)} bytes" in caplog.text
 
@@ -133,7 +133,7 @@ def test_the_key_file_is_private_and_an_unsafe_one_turns_snapshots_off(
     assert again.core.snapshots.restored == 1  # the same key, read back
 
     key.chmod(0o644)
-    with caplog.at_level(logging.WARNING, logger="engine.snapshot_restore"):
+    with caplog.at_level(logging.WARNING, logger="engine.runtime.snapshot_restore"):
         assert make_engine(tmp_path).core.snapshots is None
     assert "kv snapshots off" in caplog.text and "mode must be 0600" in caplog.text
     key.unlink()

@@ -85,8 +85,8 @@ def test_host_pool_copies_follow_plan_order(staged: bool) -> None:
     """Both copy paths (CPU index copies; the CUDA path's staged per-block copies) move whole
     blocks of every layer, in plan order: a slot reused within one plan ends with the later
     block, a restore from a slot reads it before a later offload overwrites it."""
-    from engine.kv.transfers import Direction, Transfer, TransferPlan
-    from engine.tiers.host_pool import HostKVPool, read_blocks, write_blocks
+    from engine.core.kv.transfers import Direction, Transfer, TransferPlan
+    from engine.runtime.tiers.host_pool import HostKVPool, read_blocks, write_blocks
 
     kv = _kv(6, seed=0)
     want = {b: read_blocks(kv, [b])[0].clone() for b in range(6)}

@@ -10,9 +10,9 @@ import random
 import pytest
 
 from engine.config import EngineConfig
-from engine.kv import PrefixCache
-from engine.kv.transfers import Direction, TransferPlan
-from engine.scheduler import Scheduler
+from engine.core.kv import PrefixCache
+from engine.core.kv.transfers import Direction, TransferPlan
+from engine.core.scheduler import Scheduler
 from tests.engine._sched_helpers import EOS, FakeRunner, add, make_request, solo_output
 
 

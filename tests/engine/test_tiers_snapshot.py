@@ -14,7 +14,12 @@ import pytest
 import torch
 
 from engine import Engine
-from engine.model.demo import TOKENIZER_VOCAB, qwen2_config, random_state_dict, write_model_dir
+from engine.runtime.model.demo import (
+    TOKENIZER_VOCAB,
+    qwen2_config,
+    random_state_dict,
+    write_model_dir,
+)
 from tests.engine._tiny_model import GREEDY, first_logits, kv_bytes, prompt, tiny_model_dir
 
 
@@ -109,7 +114,7 @@ def test_mismatched_or_damaged_snapshots_are_recomputed(
     system = prompt(2, 64)
     eng = pinned_then_restarted(tmp_path, "t", system)
     ns, ids = case(tmp_path, eng, system)
-    with caplog.at_level(logging.WARNING, logger="engine.snapshot"):
+    with caplog.at_level(logging.WARNING, logger="engine.runtime.snapshot"):
         eng.pin_prefix(ns, ids)
     assert eng.core.snapshots.restored == 0 and eng.num_model_tokens >= len(ids) - 1
     assert f"ignored: {reason}" in caplog.text
@@ -134,7 +139,7 @@ def test_other_model_or_block_size_recomputes(tmp_path: Path, caplog) -> None:
         shutil.copytree(tmp_path / "first", snap)
         eng = make_engine(snap, **kw)
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="engine.snapshot"):
+        with caplog.at_level(logging.WARNING, logger="engine.runtime.snapshot"):
             eng.pin_prefix("t", system)
         assert eng.core.snapshots.restored == 0 and eng.num_model_tokens > 0
         assert reason in caplog.text

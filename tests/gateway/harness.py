@@ -27,6 +27,7 @@ from gateway.context import STATE, TELEMETRY
 from gateway.http import GatewayRunner, make_runner
 from gateway.settings import Settings
 from gateway.telemetry import MetricsListener, metrics_listener
+from tests.conformance.contract import ContractTransport, contract_client
 
 PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 ADMIN_TOKEN = "test-admin-token-0123456789"
@@ -101,13 +102,17 @@ class LiveGateway:
         self.metrics_url = metrics_url  # the metrics listener (never the public port)
         self.http = aiohttp.ClientSession()
         self._clients: list[AsyncOpenAI] = []
+        self.contract_failures: list[str] = []
 
     @property
     def state(self) -> Any:
         return self.app[STATE]
 
     def openai(self, key: str, **kwargs: Any) -> AsyncOpenAI:
-        client = AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=key, max_retries=0, **kwargs)
+        """A client of this gateway; every answer it gets is checked against OpenAI's published
+        schemas (tests/conformance/contract.py): leaving ``live_gateway`` fails on a violation."""
+        contract = ContractTransport(self.contract_failures)
+        client = contract_client(f"{self.base_url}/v1", key, contract, **kwargs)
         self._clients.append(client)
         return client
 
@@ -158,6 +163,10 @@ class LiveGateway:
             await client.close()
         await self.http.close()
 
+    def check_contract(self) -> None:
+        failures, self.contract_failures[:] = list(self.contract_failures), []
+        assert not failures, "answers outside OpenAI's schemas:\n" + "\n".join(failures[:20])
+
 
 @contextlib.asynccontextmanager
 async def live_gateway(
@@ -185,8 +194,11 @@ async def live_gateway(
         await app[STATE].pins.ready.wait()
         yield gw
     finally:
-        await gw.close()
-        await gw.shutdown()
+        try:
+            await gw.close()
+        finally:
+            await gw.shutdown()
+    gw.check_contract()
 
 
 @contextlib.asynccontextmanager

@@ -226,6 +226,17 @@ async def test_keys(api: TestClient, store: TenantStore) -> None:
         == "allowed_origins"
     )
     await call(api, "POST", "/tenants/nope/keys", 404, json={"kind": "server"})
+    batch = await call(
+        api, "POST", "/tenants/acme/keys", 201, json={"kind": "server", "priority": "batch"}
+    )
+    ident = await store.authenticate_key(batch["key"])
+    assert ident is not None and ident.priority == "batch"
+    path = f"/tenants/acme/keys/{batch['id']}/priority"
+    out = await call(api, "PUT", path, 200, json={"priority": "interactive"})
+    assert out["priority"] == "interactive"
+    ident = await store.authenticate_key(batch["key"])
+    assert ident is not None and ident.priority == "interactive"
+    await call(api, "PUT", path, 422, json={"priority": "urgent"})
     revoked = await call(api, "DELETE", f"/tenants/acme/keys/{created['id']}", 200)
     assert revoked["revoked_at"] is not None
     assert await store.authenticate_key(created["key"]) is None
@@ -239,10 +250,12 @@ async def test_limits(api: TestClient, store: TenantStore) -> None:
     await call(
         api, "POST", "/tenants", 201, json={"id": "acme", "name": "Acme", "limits": {"tpm": 9}}
     )
-    body = {"rpm": 10, "tpm": 1000, "max_concurrency": 2, "max_output_tokens": None}
+    body = {"rpm": 10, "tpm": 1000, "max_concurrency": 2, "max_output_tokens": None, "weight": 3}
     out = await call(api, "PUT", "/tenants/acme/limits", 200, json=body)
     assert out["limits"] == body
     rt = await store.get_tenant_runtime("acme")
+    assert rt is not None and rt.limits.weight == 3.0
+    await call(api, "PUT", "/tenants/acme/limits", 422, json={"weight": 0})
     assert rt is not None and (rt.limits.rpm, rt.limits.max_output_tokens) == (
         10,
         store.default_limits.max_output_tokens,

@@ -242,9 +242,10 @@ async def test_user_is_recorded(
 @pytest.mark.parametrize(
     ("kw", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools[0].type"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "grammar"}}, "response_format.type"),
+        ({"functions": [{"name": "f"}]}, "functions"),
         ({"extra_body": {"best_of": 2}}, "best_of"),
         (
             {

@@ -9,10 +9,10 @@ import pytest
 
 from engine.api import DEFAULT_OPTIONS as DEFAULT
 from engine.api import GenerateOptions
-from engine.kv import CacheScope
-from engine.model.tokenizer import Tokenizer
+from engine.core.kv import CacheScope
 from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from engine.params import SamplingParams
+from engine.runtime.model.tokenizer import Tokenizer
 from gateway.chat.generation import ChoiceGroup
 from tests.fake_engine import FakeEngine
 

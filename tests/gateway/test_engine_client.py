@@ -21,7 +21,7 @@ from tests.fake_engine import FakeEngine
 from tests.gateway.test_pins import CountingTokenizer
 
 ENGINES = [
-    "engine.async_engine.AsyncEngine",
+    "engine.serving.async_engine.AsyncEngine",
     "gateway.cluster.engine.ClusterEngine",
     "tests.fake_engine.FakeEngine",
 ]

@@ -73,7 +73,7 @@ HI = [{"role": "user", "content": "hi"}]
         ({"model": "MODEL", "messages": []}, "messages"),
         ({"model": "MODEL", "messages": "hi"}, "messages"),
         ({"model": "MODEL", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-        ({"model": "MODEL", "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"model": "MODEL", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
         ({"model": "MODEL", "messages": [{"role": "user"}]}, "messages[0].content"),
         ({"model": "MODEL", "messages": HI, "max_tokens": "5"}, "max_tokens"),
         ({"model": "MODEL", "messages": HI, "max_tokens": 0}, "max_tokens"),

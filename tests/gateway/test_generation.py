@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.api import DEFAULT_OPTIONS, GenerateOptions
-from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.params import SamplingParams
+from engine.runtime.model.tokenizer import Tokenizer
 from gateway.chat.generation import Generation
 from tests.fake_engine import FakeEngine
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.kv.types import CacheStats
+from engine.core.kv.types import CacheStats
 from gateway.telemetry import GatewayMetrics
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from sqlalchemy import update
 
 from engine.api import LocalPin, PinTicket
-from engine.kv import PinHandle
-from engine.snapshot import namespace_digest
+from engine.core.kv import PinHandle
+from engine.runtime.snapshot import namespace_digest
 from gateway.pins import PINNED, PinManager
 from tenants.models import ApiKey
 from tenants.runtime import TenantRuntime

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.model.tokenizer import Tokenizer
+from engine.runtime.model.tokenizer import Tokenizer
+from gateway.chat.bounds import MAX_MESSAGES
 from gateway.chat.generation import StopMatcher
-from gateway.chat.prompt import MAX_MESSAGES, assemble, check_bounds, check_client_system
+from gateway.chat.prompt import assemble, check_bounds, check_client_system
 from gateway.chat.schemas import ChatMessage
 from gateway.errors import ApiError
 from gateway.tenant_prefix import TemplateMismatch, build_prefix

@@ -30,11 +30,10 @@ def _refused(**fields: Any) -> ApiError:
     ("fields", "param", "words"),
     [
         ({"frobnicate": 1}, "frobnicate", "Unrecognized request argument supplied: frobnicate"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calling"),
-        ({"tool_choice": "auto"}, "tool_choice", "tool calling"),
+        ({"tool_choice": "auto"}, "tool_choice", "only allowed when tools are specified"),
         ({"functions": [{"name": "f"}]}, "functions", "function calling"),
         ({"function_call": "auto"}, "function_call", "function calling"),
-        ({"response_format": {"type": "json_object"}}, "response_format", "'json_object'"),
+        ({"response_format": {"type": "grammar"}}, "response_format.type", "'grammar'"),
         ({"modalities": ["text", "audio"]}, "modalities", "text"),
         ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio", "audio"),
         ({"reasoning_effort": "low"}, "reasoning_effort", "reasoning"),

@@ -35,7 +35,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(autouse=True)
 def record_kernel_variants(monkeypatch: pytest.MonkeyPatch) -> None:
     """Kernel tests record every launched variant (``VARIANTS``; off when serving)."""
-    from engine.kernels.triton import VARIANTS  # after TRITON_INTERPRET is settled above
+    from engine.runtime.kernels.triton import VARIANTS  # after TRITON_INTERPRET is settled above
 
     monkeypatch.setattr(VARIANTS, "recording", True)
 
@@ -43,7 +43,7 @@ def record_kernel_variants(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def fresh_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     """The CPU GEMM built anew into an empty cache directory (and loaded anew afterwards)."""
-    from engine.kernels.cpu import gemm
+    from engine.runtime.kernels.cpu import gemm
 
     monkeypatch.setenv("KVGATE_CACHE_DIR", str(tmp_path))
     gemm._load.cache_clear()

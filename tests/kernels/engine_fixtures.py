@@ -11,13 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine.kernels
+import engine.runtime.kernels
 from engine.config import EngineConfig
-from engine.kernels.triton import decode, prefill
-from engine.model.config import parse_config
-from engine.model.demo import TOKENIZER_VOCAB, qwen2_config, random_state_dict, write_model_dir
-from engine.model.kv_memory import block_bytes
-from engine.runner import ModelRunner
+from engine.runtime.kernels.triton import decode, prefill
+from engine.runtime.model.config import parse_config
+from engine.runtime.model.demo import (
+    TOKENIZER_VOCAB,
+    qwen2_config,
+    random_state_dict,
+    write_model_dir,
+)
+from engine.runtime.model.kv_memory import block_bytes
+from engine.runtime.runner import ModelRunner
 from tests.kernels.conftest import HAS_CUDA
 
 H200_SMS = 132
@@ -39,7 +44,7 @@ def one_layer_model() -> Path:
 
 def route_to_triton(monkeypatch: pytest.MonkeyPatch, *, gpu_tiles: bool = False) -> None:
     if not HAS_CUDA:
-        monkeypatch.setattr(engine.kernels, "_on_triton", lambda t: True)
+        monkeypatch.setattr(engine.runtime.kernels, "_on_triton", lambda t: True)
     if gpu_tiles:
         for module in (decode, prefill):
             monkeypatch.setattr(module, "interpreting", lambda: False)  # tile choice only

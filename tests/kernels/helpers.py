@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kernels.metadata import AttentionMetadata
+from engine.runtime.kernels.metadata import AttentionMetadata
 
 # (atol, rtol) of an attention output vs the float64 reference, by input dtype
 TOLERANCE = {

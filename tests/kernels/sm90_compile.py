@@ -20,11 +20,11 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from engine.kernels.triton import decode, prefill
-from engine.kernels.triton._common import Tiles
-from engine.kernels.triton.norm import _rms_norm_kernel
-from engine.kernels.triton.rope import _rope_kernel
-from engine.kernels.triton.store_kv import _store_kv_kernel
+from engine.runtime.kernels.triton import decode, prefill
+from engine.runtime.kernels.triton._common import Tiles
+from engine.runtime.kernels.triton.norm import _rms_norm_kernel
+from engine.runtime.kernels.triton.rope import _rope_kernel
+from engine.runtime.kernels.triton.store_kv import _store_kv_kernel
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 INDEX_PTRS = {"bt_ptr", "qsl_ptr", "ctx_ptr", "seq_ptr", "seg_q_ptr", "seg_kv_ptr", "seg_idx_ptr"}

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels.triton import choose_kernel, paged_attention, store_kv
+from engine.runtime.kernels.triton import choose_kernel, paged_attention, store_kv
 from tests.kernels.helpers import assert_close, make_batch, ref_attention
 
 
@@ -36,7 +36,7 @@ def test_paged_attention_runs_the_chosen_kernel(device):
 
 def test_triton_path_matches_the_engine_reference_ops(device):
     """The CPU path of the dispatch point and the Triton kernels read the same contract."""
-    from engine.kernels import reference
+    from engine.runtime.kernels import reference
 
     batch = make_batch(
         (0, 7, 16), (5, 1, 3), block_size=8, num_heads=4, num_kv_heads=2, device=device
@@ -61,10 +61,10 @@ def _cpu(meta):
 
 
 def test_dispatch_point_routes_cuda_tensors_to_these_kernels():
-    import engine.kernels
-    import engine.kernels.triton as triton_ops
+    import engine.runtime.kernels
+    import engine.runtime.kernels.triton as triton_ops
 
-    assert engine.kernels._triton() is triton_ops
-    assert engine.kernels._on_triton(torch.empty(1, device="meta")) is False
+    assert engine.runtime.kernels._triton() is triton_ops
+    assert engine.runtime.kernels._on_triton(torch.empty(1, device="meta")) is False
     for name in ("store_kv", "paged_attention", "rms_norm", "rope_store_kv"):
         assert callable(getattr(triton_ops, name))

@@ -34,7 +34,7 @@ def test_tile_sweep_patches_and_restores_the_tile_choice():
         sweep_decode,
         sweep_prefill,
     )
-    from engine.kernels.triton import decode, prefill
+    from engine.runtime.kernels.triton import decode, prefill
 
     original_prefill, original_decode = prefill.gpu_tiles, decode.gpu_tiles
     seen = []

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.triton import cascade_attention, use_cascade
+from engine.runtime.kernels.triton import cascade_attention, use_cascade
 from tests.kernels.helpers import assert_close, make_batch, ref_attention
 
 # (context_lens, new_lens, block_size, shared_blocks, heads, kv_heads, splits)

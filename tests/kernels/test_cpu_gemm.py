@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.kernels.cpu import gemm
-from engine.model.linear import Linear
+from engine.runtime.kernels.cpu import gemm
+from engine.runtime.model.linear import Linear
 
 RUNNABLE = {"AVX512": ["avx512", "avx2"], "AVX2": ["avx2"]}.get(
     torch.backends.cpu.get_cpu_capability(), []

@@ -7,16 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.batch import ScheduledBatch, ScheduledSeq
-from engine.cuda_graphs import (
+from engine.core.batch import ScheduledBatch, ScheduledSeq
+from engine.params import SamplingParams
+from engine.runtime.cuda_graphs import (
     DecodeGraphs,
     StaticInputs,
     graph_buckets,
     is_graph_step,
     pick_bucket,
 )
-from engine.model.inputs import build_step_inputs
-from engine.params import SamplingParams
+from engine.runtime.model.inputs import build_step_inputs
 from tests.kernels.engine_fixtures import route_to_triton, triton_runner
 
 GREEDY = SamplingParams(temperature=0.0)

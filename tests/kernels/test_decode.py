@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.triton import decode_attention
+from engine.runtime.kernels.triton import decode_attention
 from tests.kernels.helpers import assert_close, make_batch, ref_attention
 
 # (context_lens, block_size, heads, kv_heads, num_splits): one new token per request; splits

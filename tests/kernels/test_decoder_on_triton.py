@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine.kernels
+import engine.runtime.kernels
 from engine.config import EngineConfig
-from engine.model.config import parse_config
-from engine.model.kv_memory import block_bytes
-from engine.runner import ModelRunner
+from engine.runtime.model.config import parse_config
+from engine.runtime.model.kv_memory import block_bytes
+from engine.runtime.runner import ModelRunner
 from tests.engine.model.factories import blocks, logits_of, make_hf_model, random_prompt, seq
 from tests.kernels.conftest import HAS_CUDA
 
@@ -60,7 +60,7 @@ def test_triton_ops_give_the_reference_logits(
             routed.append(str(t.device))
             return True
 
-        monkeypatch.setattr(engine.kernels, "_on_triton", on_triton)
+        monkeypatch.setattr(engine.runtime.kernels, "_on_triton", on_triton)
         got = _steps(_runner(model_dir, "cpu"))
         # 2 layers x (2 norms, rope + store, attention) per step, 3 steps, + the final norms
         assert len(routed) >= 3 * 2 * 4

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.triton import cascade_attention, decode_attention, extend_attention, store_kv
+from engine.runtime.kernels.triton import (
+    cascade_attention,
+    decode_attention,
+    extend_attention,
+    store_kv,
+)
 from tests.kernels.helpers import assert_close, make_batch, ref_attention
 
 pytestmark = pytest.mark.gpu

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine.runner
+import engine.runtime.runner
 from engine.config import EngineConfig
-from engine.device import bind_device, choose_dtype, resolve_device
-from engine.model.config import ModelLoadError, parse_config
-from engine.model.decoder import Decoder
-from engine.model.kv_memory import MemoryReading, block_bytes, profiled_kv_bytes
-from engine.model.loader import load_model
+from engine.runtime.device import bind_device, choose_dtype, resolve_device
+from engine.runtime.model.config import ModelLoadError, parse_config
+from engine.runtime.model.decoder import Decoder
+from engine.runtime.model.kv_memory import MemoryReading, block_bytes, profiled_kv_bytes
+from engine.runtime.model.loader import load_model
 from tests.kernels.engine_fixtures import one_layer_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,19 +68,21 @@ def test_runner_sizes_the_kv_cache_from_the_profile_step(monkeypatch: pytest.Mon
         seen.append(profile_kv)
         return MemoryReading(10 * GIB, 6 * GIB, 3 * GIB, 2 * GIB, profile_kv)
 
-    monkeypatch.setattr(engine.runner, "read_cuda_memory", reading)
+    monkeypatch.setattr(engine.runtime.runner, "read_cuda_memory", reading)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    budget = engine.runner.profile_kv_bytes(config, model, decoder, torch.device("cpu"))
+    budget = engine.runtime.runner.profile_kv_bytes(config, model, decoder, torch.device("cpu"))
     # 96 tokens over 4 requests of 24: 2 blocks each
     assert seen == [8 * block_bytes(model, 16, torch.float32)]
     assert budget == int(10 * GIB * 0.9) - (1 * GIB + 2 * GIB - seen[0])
 
 
 def test_a_budget_without_room_names_the_setting(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(engine.runner, "kv_budget_bytes", lambda config, device: 0)
+    monkeypatch.setattr(engine.runtime.runner, "kv_budget_bytes", lambda config, device: 0)
     with pytest.raises(ModelLoadError, match="KVGATE_GPU_MEMORY_UTILIZATION"):
-        engine.runner.ModelRunner.from_pretrained(one_layer_model(), EngineConfig(device="cpu"))
+        engine.runtime.runner.ModelRunner.from_pretrained(
+            one_layer_model(), EngineConfig(device="cpu")
+        )
 
 
 def test_engine_config_checks_the_utilization():
@@ -93,7 +95,7 @@ def test_cpu_path_imports_no_triton(tmp_path: Path):
         import sys
         import torch
         from engine import Engine
-        from engine.model.demo import (TOKENIZER_VOCAB, qwen2_config, random_state_dict,
+        from engine.runtime.model.demo import (TOKENIZER_VOCAB, qwen2_config, random_state_dict,
                                        write_model_dir)
         cfg = qwen2_config(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64,
                            vocab=TOKENIZER_VOCAB, max_pos=64)
@@ -103,7 +105,7 @@ def test_cpu_path_imports_no_triton(tmp_path: Path):
         from engine.params import SamplingParams
         out = eng.generate([[5, 6, 7]], SamplingParams(max_tokens=2, temperature=0.0))
         assert len(out[0].token_ids) == 2
-        print("triton" in sys.modules, "engine.kernels.triton" in sys.modules)
+        print("triton" in sys.modules, "engine.runtime.kernels.triton" in sys.modules)
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)

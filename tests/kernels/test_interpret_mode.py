@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-from engine.kernels.triton._common import interpreting
+from engine.runtime.kernels.triton._common import interpreting
 
 ROOT = Path(__file__).resolve().parents[2]
-TRITON_DIR = ROOT / "engine" / "kernels" / "triton"
+TRITON_DIR = ROOT / "engine" / "runtime" / "kernels" / "triton"
 
 
 def _run(script: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
@@ -32,7 +32,7 @@ def test_interpreter_set_before_import_runs_kernels_with_public_reductions():
     # decode uses tl.max / tl.sum through the shared @triton.jit helpers and the merge kernel
     script = """
         import torch
-        from engine.kernels.triton import decode_attention, store_kv
+        from engine.runtime.kernels.triton import decode_attention, store_kv
         from tests.kernels.helpers import make_batch, ref_attention
         cache = torch.zeros(2, 4, 1, 16)
         key = torch.arange(16.0).view(1, 1, 16)
@@ -90,10 +90,10 @@ def test_kernels_use_no_private_triton_names_and_plain_jit():
 
 
 def test_variant_key_follows_triton_specialization():
-    from engine.kernels.triton._common import VariantLog, variant_key
+    from engine.runtime.kernels.triton._common import VariantLog, variant_key
 
     assert VariantLog().recording is False  # serving pays no key per launch
-    from engine.kernels.triton.prefill import _extend_kernel
+    from engine.runtime.kernels.triton.prefill import _extend_kernel
 
     buf = torch.zeros(64)
     names = _extend_kernel.arg_names

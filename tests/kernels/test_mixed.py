@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from engine.kernels.triton import VARIANTS, extend_attention, paged_attention
+from engine.runtime.kernels.triton import VARIANTS, extend_attention, paged_attention
 from tests.kernels.helpers import assert_close, make_batch, ref_attention
 
 # (context_lens, new_lens, block_size, heads, kv_heads): decode rows first, last, interleaved,

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.triton.norm import rms_norm
+from engine.runtime.kernels.triton.norm import rms_norm
 from tests.kernels.helpers import TOLERANCE
 
 

@@ -6,7 +6,7 @@ import itertools
 
 import torch
 
-from engine.kernels.triton import decode, prefill
+from engine.runtime.kernels.triton import decode, prefill
 
 CPU = torch.device("cpu")  # num_sms(cpu) = 4: the planner aims at 2 * 4 programs
 

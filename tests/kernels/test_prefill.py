@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.triton import extend_attention
+from engine.runtime.kernels.triton import extend_attention
 from tests.kernels.helpers import assert_close, make_batch, ref_attention
 
 # (context_lens, new_lens, block_size, heads, kv_heads): zero cached tokens, prefix exactly on a

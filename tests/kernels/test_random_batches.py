@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from engine.kernels.triton import cascade_attention, decode_attention, extend_attention
+from engine.runtime.kernels.triton import cascade_attention, decode_attention, extend_attention
 from tests.kernels.helpers import assert_close, make_batch, ref_attention
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.triton.rope import rope, rope_store_kv
+from engine.runtime.kernels.triton.rope import rope, rope_store_kv
 from tests.kernels.helpers import TOLERANCE
 
 

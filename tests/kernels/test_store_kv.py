@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.triton import store_kv
+from engine.runtime.kernels.triton import store_kv
 
 
 @pytest.mark.parametrize(

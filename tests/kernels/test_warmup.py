@@ -10,12 +10,12 @@ import random
 
 import pytest
 
-from engine.engine import Engine, EngineCore
-from engine.kernels.cascade_rule import use_cascade
-from engine.kernels.triton import VARIANTS
-from engine.model.inputs import shared_prefix_blocks
 from engine.params import SamplingParams
-from engine.warmup import StepLimits, profile_batch, warmup_batches
+from engine.runtime.kernels.cascade_rule import use_cascade
+from engine.runtime.kernels.triton import VARIANTS
+from engine.runtime.model.inputs import shared_prefix_blocks
+from engine.runtime.warmup import StepLimits, profile_batch, warmup_batches
+from engine.serving.engine import Engine, EngineCore
 from tests.kernels.engine_fixtures import route_to_triton, triton_runner
 
 

@@ -220,7 +220,13 @@ def test_cli_set_limits_merges_unless_replace(
     assert _run(capsys, *create)[0] == 0
     rc, out, _ = _run(capsys, "tenants", "set-limits", "acme", "--max-concurrency", "3")
     assert rc == 0
-    assert _json_out(out) == {"rpm": 5, "tpm": 50, "max_concurrency": 3, "max_output_tokens": None}
+    assert _json_out(out) == {
+        "rpm": 5,
+        "tpm": 50,
+        "max_concurrency": 3,
+        "max_output_tokens": None,
+        "weight": None,
+    }
     rc, out, _ = _run(capsys, "tenants", "set-limits", "acme", "--replace", "--tpm", "70")
     assert rc == 0
     assert _json_out(out) == {
@@ -228,7 +234,10 @@ def test_cli_set_limits_merges_unless_replace(
         "tpm": 70,
         "max_concurrency": None,
         "max_output_tokens": None,
+        "weight": None,
     }
+    rc, out, _ = _run(capsys, "tenants", "set-limits", "acme", "--weight", "2.5")
+    assert rc == 0 and _json_out(out)["weight"] == 2.5
 
 
 def test_cli_help_says_what_the_server_does(capsys: pytest.CaptureFixture[str]) -> None:

@@ -57,6 +57,7 @@ async def test_set_limits_changes_only_the_given_fields(store: TenantStore) -> N
         "tpm": 50,
         "max_concurrency": 3,
         "max_output_tokens": None,
+        "weight": None,
     }
     # An explicit null resets that one limit to the default; the others stay.
     out = await store.set_limits(tid, LimitsIn(rpm=None), actor="t", replace=False)
@@ -67,6 +68,7 @@ async def test_set_limits_changes_only_the_given_fields(store: TenantStore) -> N
         "tpm": 7,
         "max_concurrency": None,
         "max_output_tokens": None,
+        "weight": None,
     }
     (row, *_) = (await store.list_audit(tenant_id=tid)).data
     assert row.details["after"] == out.limits.model_dump()

@@ -60,4 +60,5 @@ def test_parse_accepts_valid() -> None:
         "tpm": None,
         "max_concurrency": None,
         "max_output_tokens": None,
+        "weight": None,
     }

@@ -29,7 +29,7 @@ async def take(out: Path, model: str | None) -> None:
         url = f"sqlite+aiosqlite:///{tmp}/kvgate.db"
         await upgrade_to_head(url)
         if model is None:
-            from engine.model.demo import write_demo_model
+            from engine.runtime.model.demo import write_demo_model
 
             model = str(write_demo_model(Path(tmp) / "demo-model"))
         env = {

@@ -58,6 +58,7 @@ header .close { font-size: 18px; line-height: 1; padding: 2px 8px; }
   white-space: nowrap; }
 .status { padding: 0 12px; color: var(--err); font-size: 13px; }
 .status:empty { display: none; }
+.status.tool { color: var(--muted); font-style: italic; }
 .status button { margin-left: 6px; border: 1px solid var(--line); border-radius: 8px;
   background: var(--bg); color: var(--fg); padding: 2px 8px; }
 form { display: flex; gap: 8px; padding: 10px; border-top: 1px solid var(--line); }
@@ -297,6 +298,17 @@ form button[hidden] { display: none; }
       }
     }
 
+    /** A tool the gateway runs for the tenant: its status line while it runs (kvgate_tool_status). */
+    toolStatus(tool) {
+      if (tool.state === "running") {
+        this.showStatus(String(tool.text || "Working..."));
+        this.status.classList.add("tool");
+      } else if (this.status.classList.contains("tool")) {
+        this.status.classList.remove("tool");
+        this.clearStatus();
+      }
+    }
+
     clearStatus() {
       if (this.countdown) clearInterval(this.countdown);
       this.countdown = null;
@@ -378,6 +390,7 @@ form button[hidden] { display: none; }
         }
         text = node.textContent;
       } finally {
+        if (this.status.classList.contains("tool")) this.toolStatus({ state: "done" });
         node.removeAttribute("aria-busy");
         if (this.controller === controller) this.controller = null;
         this.setBusy(false);
@@ -431,6 +444,7 @@ form button[hidden] { display: none; }
             continue;
           }
           if (obj.error) throw new StreamError("The answer was interrupted: " + (obj.error.message || "server error"));
+          if (obj.kvgate_tool_status) this.toolStatus(obj.kvgate_tool_status);
           const delta = obj.choices && obj.choices[0] && obj.choices[0].delta;
           if (delta && typeof delta.content === "string" && delta.content) {
             text += delta.content;

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from engine.kv import PrefixCache
+from engine.core.kv import PrefixCache
 
 BLOCK_SIZES = [1, 2, 16, 64]
 

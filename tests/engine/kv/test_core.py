@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from engine.kv import BlockState, Handoff
+from engine.core.kv import BlockState, Handoff
 
 from .conftest import make_cache, toks
 
@@ -250,7 +250,7 @@ def test_preempted_request_readmits_onto_its_own_blocks(bs: int) -> None:
 
 
 def test_decode_hashes_each_block_once(bs: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.kv.index as index_mod
+    import engine.core.kv.index as index_mod
 
     hashed: list[int] = []
     real = index_mod.block_keys
@@ -273,7 +273,7 @@ def test_decode_hashes_each_block_once(bs: int, monkeypatch: pytest.MonkeyPatch)
 def test_refused_admission_is_retried_without_rehashing(
     bs: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import engine.kv.index as index_module
+    import engine.core.kv.index as index_module
 
     hashed: list[int] = []
     real = index_module.block_keys

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.kv import PriorityRange
+from engine.core.kv import PriorityRange
 
 from .conftest import make_cache, toks
 

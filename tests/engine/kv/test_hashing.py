@@ -3,7 +3,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from engine.kv.hashing import DIGEST_SIZE, block_keys, root_key
+from engine.core.kv.hashing import DIGEST_SIZE, block_keys, root_key
 
 from .conftest import toks
 
@@ -31,5 +31,5 @@ def test_key_depends_on_namespace_parent_and_tokens(bs: int) -> None:
 
 
 def test_importing_engine_kv_does_not_import_torch() -> None:
-    code = "import sys, engine.kv; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, engine.core.kv; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

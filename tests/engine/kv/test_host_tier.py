@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from engine.kv import BlockState, PinHandle, PriorityRange
-from engine.kv.host_tier import HostTier
-from engine.kv.prefix_cache import COPY_OWNER
-from engine.kv.transfers import Direction, Transfer
+from engine.core.kv import BlockState, PinHandle, PriorityRange
+from engine.core.kv.host_tier import HostTier
+from engine.core.kv.prefix_cache import COPY_OWNER
+from engine.core.kv.transfers import Direction, Transfer
 
 from .conftest import make_cache, toks
 

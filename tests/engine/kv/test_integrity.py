@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.kv import PrefixCache
+from engine.core.kv import PrefixCache
 
 from .conftest import toks
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.kv import PinFailure, PinHandle
+from engine.core.kv import PinFailure, PinHandle
 
 from .conftest import make_cache, toks
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.kv import BlockState, CacheScope, PinHandle
-from engine.kv.hashing import block_keys, root_key, scope_parent
+from engine.core.kv import BlockState, CacheScope, PinHandle
+from engine.core.kv.hashing import block_keys, root_key, scope_parent
 
 from .conftest import make_cache, toks
 

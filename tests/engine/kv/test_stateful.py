@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from engine.kv import BlockState, CacheScope, PinHandle, PrefixCache
-from engine.kv.hashing import block_keys, root_key, scope_parent
-from engine.kv.prefix_cache import COPY_OWNER
-from engine.kv.transfers import Direction
+from engine.core.kv import BlockState, CacheScope, PinHandle, PrefixCache
+from engine.core.kv.hashing import block_keys, root_key, scope_parent
+from engine.core.kv.prefix_cache import COPY_OWNER
+from engine.core.kv.transfers import Direction
 
 READY = BlockState.READY
 

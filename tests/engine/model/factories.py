@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from engine.batch import ScheduledBatch, ScheduledSeq
 from engine.config import EngineConfig
-from engine.model.demo import write_tokenizer_files
+from engine.core.batch import ScheduledBatch, ScheduledSeq
 from engine.params import SamplingParams
-from engine.runner import ModelRunner
+from engine.runtime.model.demo import write_tokenizer_files
+from engine.runtime.runner import ModelRunner
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1000)
 VOCAB = 2000
@@ -91,8 +91,8 @@ def make_hf_model(
 
 
 def make_runner(path: Path, block_size: int = 16, num_blocks: int = 256) -> ModelRunner:
-    from engine.model.config import parse_config
-    from engine.model.kv_memory import block_bytes
+    from engine.runtime.model.config import parse_config
+    from engine.runtime.model.kv_memory import block_bytes
 
     per_block = block_bytes(parse_config(path), block_size, torch.float32)
     config = EngineConfig(block_size=block_size, kv_cache_bytes=num_blocks * per_block)

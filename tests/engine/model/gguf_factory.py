@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.model.demo import SPECIAL_TOKENS
+from engine.runtime.model.demo import SPECIAL_TOKENS
 from tests.engine.model.factories import _tokenizer_files
 
 # SmolLM2's template: a default system turn when the conversation has none.
@@ -201,7 +201,7 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
     merges and three control tokens; float32 weights drawn from ``seed``."""
     import gguf
 
-    from engine.model.gguf_tokenizer import byte_alphabet
+    from engine.runtime.model.gguf_tokenizer import byte_alphabet
 
     tokens = [*byte_alphabet().values(), "Ġt", "Ġth", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
     types = [1] * (len(tokens) - 3) + [3, 3, 3]

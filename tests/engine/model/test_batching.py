@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.batch import ScheduledBatch
+from engine.core.batch import ScheduledBatch
 from tests.engine.model.factories import blocks, logits_of, make_hf_model, make_runner, seq
 from tests.engine.model.factories import random_prompt as prompt_of
 

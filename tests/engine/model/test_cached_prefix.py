@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.batch import ScheduledBatch
-from engine.model.decoder import Decoder
-from engine.runner import ModelRunner
+from engine.core.batch import ScheduledBatch
+from engine.runtime.model.decoder import Decoder
+from engine.runtime.runner import ModelRunner
 from tests.engine.model.factories import blocks, logits_of, make_hf_model, make_runner, seq
 from tests.engine.model.factories import random_prompt as prompt_of
 

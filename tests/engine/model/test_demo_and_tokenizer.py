@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.model.demo import main as demo_main
-from engine.model.demo import write_demo_model
-from engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine.runtime.model.demo import main as demo_main
+from engine.runtime.model.demo import write_demo_model
+from engine.runtime.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from tests.engine.model.factories import hf_last_logits, logits_of, make_runner, seq
 
 CONVERSATIONS = [
@@ -92,7 +92,7 @@ def test_incremental_detokenizer_never_splits_characters(demo_dir: Path) -> None
 
 
 def test_chat_template_helpers(tmp_path: Path, demo_dir: Path) -> None:
-    from engine.model.chat_template import TemplateError, render_chat
+    from engine.runtime.model.chat_template import TemplateError, render_chat
 
     source = (
         "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}"

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.model.gguf import GGUFFile, parse_gguf_config
-from engine.model.kv_memory import block_bytes
-from engine.runner import ModelRunner
+from engine.runtime.model.gguf import GGUFFile, parse_gguf_config
+from engine.runtime.model.kv_memory import block_bytes
+from engine.runtime.runner import ModelRunner
 from tests.engine.model.factories import (
     blocks,
     hf_last_logits,

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.model.config import ModelLoadError, RopeConfig
-from engine.model.gguf import GGUFFile, load_gguf, parse_gguf_config
-from engine.model.gguf_tokenizer import gguf_tokenizer
+from engine.runtime.model.config import ModelLoadError, RopeConfig
+from engine.runtime.model.gguf import GGUFFile, load_gguf, parse_gguf_config
+from engine.runtime.model.gguf_tokenizer import gguf_tokenizer
 from tests.engine.model.factories import make_hf_model
 from tests.engine.model.gguf_factory import write_gguf
 

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine.model.config import ModelLoadError
-from engine.model.gguf import GGUFFile, load_gguf
-from engine.model.gguf_layout import MAX_METADATA_ITEMS, check_buffer
-from engine.model.gguf_tokenizer import gguf_tokenizer
+from engine.runtime.model.config import ModelLoadError
+from engine.runtime.model.gguf import GGUFFile, load_gguf
+from engine.runtime.model.gguf_layout import MAX_METADATA_ITEMS, check_buffer
+from engine.runtime.model.gguf_tokenizer import gguf_tokenizer
 from tests.engine.model.gguf_factory import write_tiny_gguf
 
 FUZZ = settings(

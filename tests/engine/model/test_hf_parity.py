@@ -80,7 +80,7 @@ def test_sharded_checkpoint_is_sharded(tmp_path: Path) -> None:
 
 def test_bfloat16_close_to_float32(tmp_path: Path) -> None:
     from engine.config import EngineConfig
-    from engine.runner import ModelRunner
+    from engine.runtime.runner import ModelRunner
 
     make_hf_model(tmp_path)
     ids = random_prompt(20, seed=3)

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from engine.kernels import paged_attention, store_kv
-from engine.kernels.metadata import AttentionMetadata
+from engine.runtime.kernels import paged_attention, store_kv
+from engine.runtime.kernels.metadata import AttentionMetadata
 
 HQ, HKV, D = 4, 2, 8
 

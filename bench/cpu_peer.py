@@ -1,0 +1,199 @@
+"""``kvgate bench model --peer llama.cpp``: the default model on the CPU, kvgate vs llama.cpp.
+
+The same GGUF (the embedded default, SmolLM2-135M-Instruct Q4_1), the same token ids, the same
+thread count, each side in a fresh process, the sides alternating in every repeat:
+
+- start-up: loading the model until it can run a step;
+- resident memory: the process's RSS after loading, minus its RSS before (libraries excluded);
+- TTFT of a new turn on a tenant prompt of ``--tenant-prompt`` tokens: kvgate pins it once
+  (``Engine.pin_prefix``), llama.cpp keeps it in its context (llama-cpp-python reuses the longest
+  common prefix of consecutive prompts: its warm new turn); one greedy token each time;
+- decode of one conversation: greedy tokens/s after the first token, EOS ignored;
+- 8 conversations at once: kvgate's aggregate tokens/s (continuous batching); llama-cpp-python's
+  API serves one sequence at a time, so its figure is its single stream.
+
+llama-cpp-python is a benchmark-only peer, never a kvgate dependency: ``--peer-python`` names an
+interpreter that has it; without one, it is built once from source into its own environment
+under ``~/.cache/kvgate/bench/llama-venv`` (pip, minutes), for this CPU's vector ISA (AVX-512
+or AVX2) without ``-march=native``: kvgate does not use AMX, and ggml's AMX path crashes on hosts
+that report AMX without enabling it. Results: bench/results/cpu_peer.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import venv
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.cpu_side import Spec, conversation
+
+RESULTS = Path(__file__).parent / "results" / "cpu_peer.json"
+PEER_SCRIPT = Path(__file__).with_name("llama_side.py")
+PEER_PACKAGE = "llama-cpp-python==0.3.36"
+PEER_VENV = Path.home() / ".cache" / "kvgate" / "bench" / "llama-venv"
+METRICS = ("startup_s", "rss_mb", "ttft_s", "decode_tok_s", "aggregate_tok_s")
+
+
+def _args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="kvgate bench model --peer llama.cpp")
+    p.add_argument("--peer", choices=["llama.cpp"], default="llama.cpp")
+    p.add_argument("--model", type=Path, default=None, help="a GGUF (default: the embedded one)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--tenant-prompt", type=int, default=760, help="tenant prompt tokens")
+    p.add_argument("--turns", type=int, default=5, help="new turns timed per repeat")
+    p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--conversations", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--peer-python", type=Path, default=None)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    return p.parse_args(argv)
+
+
+def _peer_python(given: Path | None) -> Path:
+    if given is not None:
+        return given
+    python = PEER_VENV / "bin" / "python"
+    probe = [str(python), "-c", "import llama_cpp"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return python
+    print(f"building {PEER_PACKAGE} from source into {PEER_VENV} (once; minutes)", flush=True)
+    venv.create(PEER_VENV, with_pip=True)
+    env = {**os.environ, "CMAKE_ARGS": " ".join(_ggml_flags())}
+    subprocess.run([str(python), "-m", "pip", "install", "-q", PEER_PACKAGE], check=True, env=env)
+    return python
+
+
+def _ggml_flags() -> list[str]:
+    flags = [
+        "-DGGML_NATIVE=OFF",
+        "-DGGML_AVX=ON",
+        "-DGGML_AVX2=ON",
+        "-DGGML_FMA=ON",
+        "-DGGML_F16C=ON",
+    ]
+    if _isa() == "AVX512":
+        flags += [f"-DGGML_AVX512{x}=ON" for x in ("", "_VBMI", "_VNNI", "_BF16")]
+    return flags
+
+
+def _model(given: Path | None) -> Path:
+    if given is not None:
+        return given
+    from gateway.default_model import ensure_default_model
+
+    return ensure_default_model(Path.home() / ".cache" / "kvgate" / "models", log=print)
+
+
+def _side(command: list[str], spec: Spec) -> dict[str, float]:
+    done = subprocess.run(
+        [*command, json.dumps(spec.to_json())], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[-1]} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _summary(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+    return {
+        m: {
+            "median": statistics.median(r[m] for r in runs),
+            "min": min(r[m] for r in runs),
+            "max": max(r[m] for r in runs),
+        }
+        for m in METRICS
+    }
+
+
+def _isa() -> str:
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    model, peer = _model(args.model), _peer_python(args.peer_python)
+    system, turns = conversation(model, args.tenant_prompt, args.turns + args.conversations + 2)
+    spec = Spec(
+        str(model), args.threads, system, turns, args.turns, args.decode_tokens, args.conversations
+    )
+    kvgate_cmd = [sys.executable, "-m", "bench.cpu_side"]
+    peer_cmd = [str(peer), str(PEER_SCRIPT)]
+    ours, theirs = [], []
+    for i in range(args.repeats):
+        ours.append(_side(kvgate_cmd, spec))
+        theirs.append(_side(peer_cmd, spec))
+        print(f"repeat {i + 1}: kvgate {ours[-1]}\n          llama.cpp {theirs[-1]}", flush=True)
+    k, p = _summary(ours), _summary(theirs)
+    return {
+        "config": {
+            "model": model.name,
+            "threads": args.threads,
+            "tenant_prompt_tokens": len(system),
+            "turn_tokens": len(turns[0]),
+            "decode_tokens": args.decode_tokens,
+            "conversations": args.conversations,
+            "repeats": args.repeats,
+            "peer": PEER_PACKAGE,
+            "cpu": platform.processor() or platform.machine(),
+            "isa": _isa(),
+        },
+        "kvgate": k,
+        "llama_cpp": p,
+        "runs": {"kvgate": ours, "llama_cpp": theirs},
+        "ratios": {
+            "ttft_llama_over_kvgate": p["ttft_s"]["median"] / k["ttft_s"]["median"],
+            "decode_kvgate_over_llama": k["decode_tok_s"]["median"] / p["decode_tok_s"]["median"],
+            "aggregate_kvgate_over_llama_single": k["aggregate_tok_s"]["median"]
+            / p["decode_tok_s"]["median"],
+            "rss_over_gguf": k["rss_mb"]["median"] * 2**20 / model.stat().st_size,
+        },
+    }
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _args(argv)
+    result = run(args)
+    print(json.dumps({"config": result["config"], "ratios": result["ratios"]}, indent=2))
+    for side in ("kvgate", "llama_cpp"):
+        row = ", ".join(f"{m} {result[side][m]['median']:.3f}" for m in METRICS)
+        print(f"{side:>10}: {row}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    _plot(result, args.out.with_suffix(".png"))
+    print(f"results written to {args.out}")
+    return 0
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
+    """kvgate / llama.cpp per figure (higher is better: TTFT and start-up as llama.cpp / kvgate)."""
+    from bench.plots import grouped_bars
+
+    k, p = result["kvgate"], result["llama_cpp"]
+    med = {
+        side: {m: v["median"] for m, v in figures.items()} for side, figures in (("k", k), ("p", p))
+    }
+    groups = ["TTFT new turn", "decode, 1 conversation", "8 conversations", "start-up"]
+    ratios = [
+        med["p"]["ttft_s"] / med["k"]["ttft_s"],
+        med["k"]["decode_tok_s"] / med["p"]["decode_tok_s"],
+        med["k"]["aggregate_tok_s"] / med["p"]["decode_tok_s"],
+        med["p"]["startup_s"] / med["k"]["startup_s"],
+    ]
+    grouped_bars(
+        path,
+        f"kvgate vs llama.cpp, {result['config']['model']}, {result['config']['threads']} threads "
+        f"({result['config']['isa']})",
+        groups,
+        {"kvgate advantage (x)": ratios},
+        "x (above 1: kvgate ahead)",
+        hline=1.0,
+    )

@@ -1,0 +1,3 @@
+"""The model runtime (torch): model loading, kernels, the runner, sampling, KV tiers and
+snapshots.
+"""

@@ -1,0 +1,87 @@
+"""The engine's device and dtype: which GPU, bound to which thread, in which precision.
+
+CUDA keeps a *current device* per host thread, and Triton launches on the current device of the
+launching thread (not on the device of the tensors). The engine loads on one thread and steps on
+another (``AsyncEngine``'s), so the runner binds its device at load and again at every step:
+``KVGATE_DEVICE=cuda:1`` must never launch kernels on GPU 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available else CPU; ``cuda`` gets an explicit index (the current
+    device of this thread), so later comparisons with ``torch.cuda.current_device()`` hold."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def bind_device(
+    device: torch.device,
+    *,
+    current: Callable[[], int] | None = None,
+    set_device: Callable[[torch.device], None] | None = None,
+) -> bool:
+    """Make ``device`` the calling thread's current CUDA device; True when it had to change.
+    A no-op for CPU devices (``current``/``set_device`` are injectable for tests)."""
+    if device.type != "cuda":
+        return False
+    current = current or torch.cuda.current_device
+    if current() == device.index:
+        return False
+    (set_device or torch.cuda.set_device)(device)
+    return True
+
+
+def choose_dtype(
+    requested: str, device: torch.device, *, bf16_supported: Callable[[], bool] | None = None
+) -> str:
+    """EngineConfig.dtype for loading: ``auto`` on CUDA is bfloat16, or float16 on GPUs without
+    bfloat16 (before Ampere); on the CPU ``auto`` still follows the checkpoint."""
+    if requested != "auto" or device.type != "cuda":
+        return requested
+    supported = bf16_supported or torch.cuda.is_bf16_supported
+    return "bfloat16" if supported() else "float16"
+
+
+def describe(device: torch.device, dtype: torch.dtype, requested: str) -> str:
+    """One start-up line: device (GPU name and memory), dtype and why."""
+    where = str(device)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        where = f"{device} ({props.name}, {props.total_memory / 2**30:.0f} GiB)"
+    if requested != "auto":
+        how = "configured"
+    else:
+        how = "auto: bfloat16 on CUDA, float16 without bf16" if device.type == "cuda" else "auto"
+    return f"engine device {where}, dtype {str(dtype).removeprefix('torch.')} ({how})"
+
+
+def release_freed_heap() -> None:
+    """Hand the heap pages that loading freed back to the OS: glibc keeps a process's freed
+    memory for reuse, and loading a GGUF frees several times the model's size in temporaries
+    (SmolLM2-135M: 316 MB resident after loading, 183 MB after this). Elsewhere a no-op."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return
+    gc.collect()
+    trim(0)

@@ -1,0 +1,293 @@
+/* Causal attention of float32 query rows over a paged K/V cache, on the CPU: decode rows and
+ * prefill/extend chunks alike. Row t of request r (rows starts[r] .. starts[r + 1] - 1) sees keys
+ * 0 .. ctx[r] + (t - starts[r]) of its block table. Layouts are engine/runtime/kernels/metadata.py's:
+ *   k_cache, v_cache [blocks][block_size][kv_heads][head_dim], slot = block * block_size + offset.
+ *
+ * A work item is a tile of up to TILE_ROWS query rows over one kv head: one query head of
+ * consecutive rows of a request (prefill chunks), or query heads of one decode row (GQA). Each
+ * key and value is loaded once for the tile, and the rows' sums are independent chains. Per row
+ * and head, three passes: scores q . k (a fixed 16-lane tree per key), exp of score minus the
+ * row's maximum with their total (16 lanes by key index, the same tree), and the weighted sum of
+ * values in key order. Every sum runs in an order fixed by the row alone, so a row's result does
+ * not depend on its tile, batch, thread count or ISA: the AVX2 and AVX-512 builds give the same
+ * bits (a 16-lane sum is one AVX-512 vector or two AVX2 ones).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#if defined(__AVX512F__)
+#define VW 16
+typedef __m512 vec;
+#define vload _mm512_loadu_ps
+#define vstore _mm512_storeu_ps
+#define vset1 _mm512_set1_ps
+#define vzero _mm512_setzero_ps
+#define vfma _mm512_fmadd_ps
+#define vadd _mm512_add_ps
+#define vmul _mm512_mul_ps
+#define vmax _mm512_max_ps
+#define vsub _mm512_sub_ps
+/* r where x >= lo, else 0 */
+#define vkeep(x, lo, r) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), r)
+#define vfloor(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)
+#define vpow2i(n) \
+  _mm512_castsi512_ps(_mm512_slli_epi32( \
+      _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23))
+static inline __m256 half8(vec a) {
+  return _mm256_add_ps(_mm512_castps512_ps256(a),
+                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VW 8
+typedef __m256 vec;
+#define vload _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
+#define vset1 _mm256_set1_ps
+#define vzero _mm256_setzero_ps
+#define vfma _mm256_fmadd_ps
+#define vadd _mm256_add_ps
+#define vmul _mm256_mul_ps
+#define vmax _mm256_max_ps
+#define vsub _mm256_sub_ps
+#define vkeep(x, lo, r) _mm256_and_ps(_mm256_cmp_ps(x, lo, _CMP_GE_OQ), r)
+#define vfloor _mm256_floor_ps
+#define vpow2i(n) \
+  _mm256_castsi256_ps(_mm256_slli_epi32( \
+      _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23))
+#else
+#error "attention.c needs AVX-512F, or AVX2 with FMA"
+#endif
+
+#define L16 (16 / VW) /* native vectors in 16 lanes */
+#define KEYS 16       /* scores are computed, exponentiated and summed 16 at a time */
+#define MAX_HEAD_DIM 256
+#define TILE_ROWS 4
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* acc[0..15] (as L16 vectors) -> one float, by a fixed tree: 16 -> 8 -> 4 -> 2 -> 1. */
+static inline float sum16(const vec *acc) {
+#if VW == 16
+  const __m256 s8 = half8(acc[0]);
+#else
+  const __m256 s8 = _mm256_add_ps(acc[0], acc[1]);
+#endif
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+/* exp(x) lane-wise for x <= 0 (scores minus their maximum): Cephes' expf, ~1 ulp; 0 below -87
+ * (where expf leaves the normal floats), so padding at -inf adds nothing. */
+static inline vec vexp(const vec x0) {
+  const vec lo = vset1(-87.0f);
+  vec x = vmax(x0, lo);
+  const vec n = vfloor(vfma(x, vset1(1.44269504088896341f), vset1(0.5f)));
+  x = vfma(n, vset1(-0.693359375f), x);
+  x = vfma(n, vset1(2.12194440e-4f), x);
+  vec p = vset1(1.9875691500e-4f);
+  p = vfma(p, x, vset1(1.3981999507e-3f));
+  p = vfma(p, x, vset1(8.3334519073e-3f));
+  p = vfma(p, x, vset1(4.1665795894e-2f));
+  p = vfma(p, x, vset1(1.6666665459e-1f));
+  p = vfma(p, x, vset1(5.0000001201e-1f));
+  p = vfma(p, vmul(x, x), vadd(x, vset1(1.0f)));
+  return vkeep(x0, lo, vmul(p, vpow2i(n)));
+}
+
+/* Scores (exponentiated, in place) of one query head over its padded key count; their sum. */
+static float softmax_numerators(float *scores, int64_t len, int64_t padded) {
+  for (int64_t j = len; j < padded; ++j) scores[j] = -INFINITY;
+  vec m = vset1(-INFINITY); /* a maximum is exact in any order */
+  for (int64_t j = 0; j < padded; j += VW) m = vmax(m, vload(scores + j));
+  float lanes[VW], top = -INFINITY;
+  vstore(lanes, m);
+  for (int l = 0; l < VW; ++l) top = lanes[l] > top ? lanes[l] : top;
+  const vec t = vset1(top);
+  vec total[L16];
+  for (int l = 0; l < L16; ++l) total[l] = vzero();
+  for (int64_t j = 0; j < padded; j += KEYS)
+    for (int l = 0; l < L16; ++l) {
+      const vec e = vexp(vsub(vload(scores + j + l * VW), t));
+      vstore(scores + j + l * VW, e);
+      total[l] = vadd(total[l], e);
+    }
+  return sum16(total);
+}
+
+/* scores[i][j] = q_i . k_j * scale for the n rows of a tile and keys 0..len-1 (n a constant at
+ * each call site, so the accumulators stay in registers). */
+ALWAYS_INLINE void tile_scores(const int n, const float *q, int64_t q_stride, const float *k_cache,
+                               const int32_t *table, int64_t len, int64_t bs, int64_t row,
+                               int64_t d, float scale, float *scores, int64_t s_stride) {
+  for (int64_t b = 0, j = 0; j < len; ++b) {
+    const float *kb = k_cache + (int64_t)table[b] * bs * row;
+    for (const int64_t end = j + bs < len ? j + bs : len; j < end; ++j, kb += row) {
+      vec acc[TILE_ROWS][L16];
+      for (int r = 0; r < n; ++r)
+        for (int l = 0; l < L16; ++l) acc[r][l] = vzero();
+      for (int64_t i = 0; i < d; i += 16)
+        for (int l = 0; l < L16; ++l) {
+          const vec kv = vload(kb + i + l * VW);
+          for (int r = 0; r < n; ++r)
+            acc[r][l] = vfma(vload(q + r * q_stride + i + l * VW), kv, acc[r][l]);
+        }
+      for (int r = 0; r < n; ++r) scores[r * s_stride + j] = sum16(acc[r]) * scale;
+    }
+  }
+}
+
+/* out_i = sum_j p[i][j] v_j / total_i over keys 0..len-1, CH floats of the head at a time. */
+ALWAYS_INLINE void tile_values(const int n, const int ch, const float *p, int64_t p_stride,
+                               const float *total, const float *v_cache, const int32_t *table,
+                               int64_t len, int64_t bs, int64_t row, int64_t d, float *out,
+                               int64_t out_stride) {
+  for (int64_t c = 0; c < d; c += ch) {
+    vec acc[TILE_ROWS][64 / VW];
+    for (int r = 0; r < n; ++r)
+      for (int i = 0; i < ch / VW; ++i) acc[r][i] = vzero();
+    for (int64_t b = 0, j = 0; j < len; ++b) {
+      const float *vb = v_cache + (int64_t)table[b] * bs * row + c;
+      for (const int64_t end = j + bs < len ? j + bs : len; j < end; ++j, vb += row)
+        for (int i = 0; i < ch / VW; ++i) {
+          const vec vv = vload(vb + i * VW);
+          for (int r = 0; r < n; ++r) acc[r][i] = vfma(vset1(p[r * p_stride + j]), vv, acc[r][i]);
+        }
+    }
+    for (int r = 0; r < n; ++r) {
+      const vec inv = vset1(1.0f / total[r]);
+      for (int i = 0; i < ch / VW; ++i)
+        vstore(out + r * out_stride + c + i * VW, vmul(acc[r][i], inv));
+    }
+  }
+}
+
+typedef struct {
+  const float *k_cache, *v_cache; /* offset to the tile's kv head */
+  const int32_t *table;
+  int64_t bs, row, d;
+  float scale;
+} Keys;
+
+/* One tile of n query rows over the same kv head: consecutive rows of one request (``causal``:
+ * row i sees first + i keys) or heads of one row (each sees first keys). ``scores`` holds
+ * TILE_ROWS rows of ``s_stride`` floats, a multiple of KEYS. */
+ALWAYS_INLINE void tile_n(const int n, const Keys *kv, int causal, const float *q,
+                          int64_t q_stride, int64_t first, float *scores, int64_t s_stride,
+                          float *out, int64_t out_stride) {
+  const int64_t last = causal ? first + n - 1 : first;
+  tile_scores(n, q, q_stride, kv->k_cache, kv->table, last, kv->bs, kv->row, kv->d, kv->scale,
+              scores, s_stride);
+  float total[TILE_ROWS];
+  for (int r = 0; r < n; ++r) {
+    const int64_t len = causal ? first + r : first, padded = (len + KEYS - 1) / KEYS * KEYS;
+    total[r] = softmax_numerators(scores + r * s_stride, len, padded);
+    for (int64_t j = len; j < last; ++j) scores[r * s_stride + j] = 0.0f; /* future keys */
+  }
+  if (kv->d % 64 == 0)
+    tile_values(n, 64, scores, s_stride, total, kv->v_cache, kv->table, last, kv->bs, kv->row,
+                kv->d, out, out_stride);
+  else
+    tile_values(n, 16, scores, s_stride, total, kv->v_cache, kv->table, last, kv->bs, kv->row,
+                kv->d, out, out_stride);
+}
+
+static void tile(int n, const Keys *kv, int causal, const float *q, int64_t q_stride,
+                 int64_t first, float *scores, int64_t s_stride, float *out, int64_t out_stride) {
+  switch (n) {
+    case 1: tile_n(1, kv, causal, q, q_stride, first, scores, s_stride, out, out_stride); break;
+    case 2: tile_n(2, kv, causal, q, q_stride, first, scores, s_stride, out, out_stride); break;
+    case 3: tile_n(3, kv, causal, q, q_stride, first, scores, s_stride, out, out_stride); break;
+    default: tile_n(4, kv, causal, q, q_stride, first, scores, s_stride, out, out_stride); break;
+  }
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* A request's work items: a decode row in tiles of up to TILE_ROWS heads of one kv head; more
+ * rows in tiles of TILE_ROWS rows, one per query head. */
+static int64_t items_of(int64_t rows, int64_t hq, int64_t hkv) {
+  return rows == 1 ? hkv * ceil_div(hq / hkv, TILE_ROWS) : ceil_div(rows, TILE_ROWS) * hq;
+}
+
+static int64_t batch_items(const int32_t *starts, int64_t seqs, int64_t hq, int64_t hkv) {
+  int64_t items = 0;
+  for (int64_t r = 0; r < seqs; ++r) items += items_of(starts[r + 1] - starts[r], hq, hkv);
+  return items;
+}
+
+typedef struct {
+  const float *q, *k_cache, *v_cache;
+  const int32_t *tables, *starts, *ctx;
+  int64_t q_row_stride, table_stride, hq, hkv, d, bs;
+  float scale, *out;
+} Batch;
+
+/* Item ``w`` of request ``r`` (``rows`` rows from ``start``). */
+static void run_item(const Batch *b, int64_t r, int64_t w, float *scores, int64_t s_stride) {
+  const int64_t start = b->starts[r], rows = b->starts[r + 1] - start, d = b->d, hq = b->hq;
+  const int64_t group = hq / b->hkv, width = hq * d;
+  int64_t first_row = start, h, n, q_stride, out_stride;
+  if (rows == 1) { /* heads h .. h + n - 1 of one kv head */
+    const int64_t chunks = ceil_div(group, TILE_ROWS);
+    h = w / chunks * group + w % chunks * TILE_ROWS;
+    n = group - w % chunks * TILE_ROWS, q_stride = d, out_stride = d;
+  } else { /* rows first_row .. first_row + n - 1, head h */
+    first_row += w / hq * TILE_ROWS, h = w % hq;
+    n = start + rows - first_row, q_stride = b->q_row_stride, out_stride = width;
+  }
+  const int64_t at = (h / group) * d;
+  const Keys kv = {b->k_cache + at, b->v_cache + at, b->tables + r * b->table_stride, b->bs,
+                   b->hkv * d, d, b->scale};
+  tile(n < TILE_ROWS ? (int)n : TILE_ROWS, &kv, rows > 1, b->q + first_row * b->q_row_stride + h * d,
+       q_stride, b->ctx[r] + (first_row - start) + 1, scores, s_stride,
+       b->out + first_row * width + h * d, out_stride);
+}
+
+/* Items [w0, w1) of ``b`` (request by request, items_of) with ``max_len`` keys at most. */
+static int run_items(const Batch *b, int64_t max_len, int64_t w0, int64_t w1) {
+  const int64_t s_stride = ceil_div(max_len, KEYS) * KEYS + KEYS;
+  float *scores = malloc(sizeof(float) * (size_t)(TILE_ROWS * s_stride));
+  if (!scores) return -1;
+  int64_t r = 0, item0 = 0; /* the request of item w, and its first item */
+  for (int64_t w = w0; w < w1; ++w) {
+    int64_t n;
+    while (w >= item0 + (n = items_of(b->starts[r + 1] - b->starts[r], b->hq, b->hkv)))
+      item0 += n, ++r;
+    run_item(b, r, w - item0, scores, s_stride);
+  }
+  free(scores);
+  return 0;
+}
+
+typedef struct {
+  Batch batch;
+  int64_t max_len;
+} Call;
+
+static int call_items(const void *ctx, int64_t w0, int64_t w1) {
+  const Call *c = ctx;
+  return run_items(&c->batch, c->max_len, w0, w1);
+}
+
+/* qgemm.c's kvgate_parallel_for: the task over items [0, items) on up to ``threads`` threads. */
+typedef int (*parallel_fn)(int (*task)(const void *, int64_t, int64_t), const void *ctx,
+                           int64_t items, int threads);
+
+/* The whole batch: q and out [T][hq][d], q rows ``q_row_stride`` floats apart; d a multiple of
+ * 16 up to MAX_HEAD_DIM; ``seqs`` requests. ``parallel`` runs the work items on its
+ * pool (NULL: here, on one thread). Returns 0, or -1 without memory. */
+int kvgate_paged_attention(const float *q, int64_t q_row_stride, const float *k_cache,
+                           const float *v_cache, const int32_t *tables, int64_t table_stride,
+                           const int32_t *starts, const int32_t *ctx, int64_t hq, int64_t hkv,
+                           int64_t d, int64_t bs, int64_t max_len, float scale, float *out,
+                           int64_t seqs, parallel_fn parallel, int threads) {
+  const Call c = {{q, k_cache, v_cache, tables, starts, ctx, q_row_stride, table_stride, hq, hkv,
+                   d, bs, scale, out},
+                  max_len};
+  const int64_t items = batch_items(starts, seqs, hq, hkv);
+  return parallel ? parallel(call_items, &c, items, threads) : call_items(&c, 0, items);
+}
+
+int kvgate_attention_max_head_dim(void) { return MAX_HEAD_DIM; }

@@ -1,0 +1,449 @@
+/* y[m, n] = x[m, k] . W[n, k]^T (+ bias), W kept in GGUF's block formats: float32 x and y, one
+ * thread per call; AVX-512 or AVX2 + FMA + F16C.
+ *
+ * Q4_1: a block of 32 weights of one output is d * q + m (q in 0..15; d, m float16), so
+ *   y = sum over blocks of  d * (x . q) + m * sum(x).
+ * Q8_0: a block is d * q (q int8), so  y = sum over blocks of  d * (x . q).
+ * The weights are never expanded in memory: each panel of PANEL outputs streams once per group of
+ * rows, 4 or 8 bits a weight, and is widened to float32 in registers. W is packed into panels
+ * (weights.py's ``pack``):
+ *   Q4_1  qs [panels][blocks][32][PANEL / 2] bytes: the low nibble of byte j is output j, the high
+ *         nibble output j + PANEL / 2;  dm [panels][blocks][2][PANEL] float16: d, then m.
+ *   Q8_0  qs [panels][blocks][32][PANEL] int8;  d [panels][blocks][PANEL] float16.
+ * A vector lane is an output, and every sum runs in the same order whatever m, the thread count or
+ * the ISA is: a row's result depends on neither its batch nor the build.
+ */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, sched_yield */
+#include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+
+#if defined(__AVX512F__)
+typedef __m512 vec;
+typedef __m512i ivec;
+#define VW 16
+#define GROUP 6 /* 4 accumulators a row: 24 of 32 registers */
+#define vload _mm512_loadu_ps
+#define vstore _mm512_storeu_ps
+#define vset1 _mm512_set1_ps
+#define vzero _mm512_setzero_ps
+#define vfma _mm512_fmadd_ps
+#define vadd _mm512_add_ps
+#define vhalf(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+/* 16 bytes -> 16 lanes: unsigned (nibble pairs) or signed (int8) */
+#define vbytes_u(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+#define vbytes_s(p) _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+#define vlow(w) _mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(15)))
+#define vhigh(w) _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4))
+#define vint(w) _mm512_cvtepi32_ps(w)
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+typedef __m256 vec;
+typedef __m256i ivec;
+#define VW 8
+#define GROUP 3 /* 12 accumulators + 2 weight vectors + 1 broadcast of 16 registers */
+#define vload _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
+#define vset1 _mm256_set1_ps
+#define vzero _mm256_setzero_ps
+#define vfma _mm256_fmadd_ps
+#define vadd _mm256_add_ps
+#define vhalf(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+/* 8 bytes -> 8 lanes */
+#define vbytes_u(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define vbytes_s(p) _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define vlow(w) _mm256_cvtepi32_ps(_mm256_and_si256(w, _mm256_set1_epi32(15)))
+#define vhigh(w) _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 4))
+#define vint(w) _mm256_cvtepi32_ps(w)
+#else
+#error "qgemm.c needs AVX-512F, or AVX2 with FMA and F16C"
+#endif
+
+#define PANEL (2 * VW)
+#define QBLOCK 32
+#define ROWBLOCK 128 /* rows of x kept in cache while every panel streams past them */
+
+int kvgate_qgemm_panel(void) { return PANEL; }
+
+/* The outputs of one group of rows for one panel, stored (plus bias) into y. */
+static inline __attribute__((always_inline)) void store_group(
+    const int rows, vec *lo, vec *hi, float *y, const int64_t n, const int64_t cols,
+    const float *bias) {
+  if (cols == PANEL) {
+    const vec b_lo = bias ? vload(bias) : vzero();
+    const vec b_hi = bias ? vload(bias + VW) : vzero();
+    for (int r = 0; r < rows; ++r) {
+      vstore(y + r * n, vadd(b_lo, lo[r]));
+      vstore(y + r * n + VW, vadd(b_hi, hi[r]));
+    }
+    return;
+  }
+  float sums[PANEL];
+  for (int r = 0; r < rows; ++r) {
+    vstore(sums, lo[r]);
+    vstore(sums + VW, hi[r]);
+    for (int64_t c = 0; c < cols; ++c) y[r * n + c] = (bias ? bias[c] : 0.0f) + sums[c];
+  }
+}
+
+static inline __attribute__((always_inline)) void q4_1_group(
+    const int rows, const float *x, const float *xsum, const int64_t k, const uint8_t *qs,
+    const uint16_t *dm, float *y, const int64_t n, const int64_t cols, const float *bias) {
+  const int64_t blocks = k / QBLOCK;
+  vec lo[GROUP], hi[GROUP];
+  for (int r = 0; r < rows; ++r) lo[r] = hi[r] = vzero();
+  for (int64_t b = 0; b < blocks; ++b) {
+    vec blo[GROUP], bhi[GROUP];
+    for (int r = 0; r < rows; ++r) blo[r] = bhi[r] = vzero();
+    const uint8_t *q = qs + b * QBLOCK * (PANEL / 2);
+    const float *xb = x + b * QBLOCK;
+    for (int i = 0; i < QBLOCK; ++i) {
+      const ivec w = vbytes_u(q + i * (PANEL / 2));
+      const vec w_lo = vlow(w), w_hi = vhigh(w);
+      for (int r = 0; r < rows; ++r) {
+        const vec xv = vset1(xb[r * k + i]);
+        blo[r] = vfma(xv, w_lo, blo[r]);
+        bhi[r] = vfma(xv, w_hi, bhi[r]);
+      }
+    }
+    const uint16_t *s = dm + b * 2 * PANEL;
+    const vec d_lo = vhalf(s), d_hi = vhalf(s + VW);
+    const vec m_lo = vhalf(s + PANEL), m_hi = vhalf(s + PANEL + VW);
+    for (int r = 0; r < rows; ++r) {
+      const vec xs = vset1(xsum[r * blocks + b]);
+      lo[r] = vfma(m_lo, xs, vfma(d_lo, blo[r], lo[r]));
+      hi[r] = vfma(m_hi, xs, vfma(d_hi, bhi[r], hi[r]));
+    }
+  }
+  store_group(rows, lo, hi, y, n, cols, bias);
+}
+
+static inline __attribute__((always_inline)) void q8_0_group(
+    const int rows, const float *x, const int64_t k, const int8_t *qs, const uint16_t *d,
+    float *y, const int64_t n, const int64_t cols, const float *bias) {
+  const int64_t blocks = k / QBLOCK;
+  vec lo[GROUP], hi[GROUP];
+  for (int r = 0; r < rows; ++r) lo[r] = hi[r] = vzero();
+  for (int64_t b = 0; b < blocks; ++b) {
+    vec blo[GROUP], bhi[GROUP];
+    for (int r = 0; r < rows; ++r) blo[r] = bhi[r] = vzero();
+    const int8_t *q = qs + b * QBLOCK * PANEL;
+    const float *xb = x + b * QBLOCK;
+    for (int i = 0; i < QBLOCK; ++i) {
+      const vec w_lo = vint(vbytes_s(q + i * PANEL));
+      const vec w_hi = vint(vbytes_s(q + i * PANEL + VW));
+      for (int r = 0; r < rows; ++r) {
+        const vec xv = vset1(xb[r * k + i]);
+        blo[r] = vfma(xv, w_lo, blo[r]);
+        bhi[r] = vfma(xv, w_hi, bhi[r]);
+      }
+    }
+    const vec d_lo = vhalf(d + b * PANEL), d_hi = vhalf(d + b * PANEL + VW);
+    for (int r = 0; r < rows; ++r) {
+      lo[r] = vfma(d_lo, blo[r], lo[r]);
+      hi[r] = vfma(d_hi, bhi[r], hi[r]);
+    }
+  }
+  store_group(rows, lo, hi, y, n, cols, bias);
+}
+
+/* A panel's q values widened to float32 once, [k][PANEL], for row blocks of several groups
+ * (each group then reads floats instead of widening the same bytes again). */
+static void widen_q4_1(const uint8_t *q, int64_t k, float *w) {
+  for (int64_t i = 0; i < k; ++i) {
+    const ivec v = vbytes_u(q + i * (PANEL / 2));
+    vstore(w + i * PANEL, vlow(v));
+    vstore(w + i * PANEL + VW, vhigh(v));
+  }
+}
+
+static void widen_q8_0(const int8_t *q, int64_t k, float *w) {
+  for (int64_t i = 0; i < k; ++i) {
+    vstore(w + i * PANEL, vint(vbytes_s(q + i * PANEL)));
+    vstore(w + i * PANEL + VW, vint(vbytes_s(q + i * PANEL + VW)));
+  }
+}
+
+/* The same sums as q4_1_group / q8_0_group (xsum NULL: Q8_0), over widened weights. */
+static inline __attribute__((always_inline)) void widened_group(
+    const int rows, const float *x, const float *xsum, const int64_t k, const float *w,
+    const uint16_t *s, float *y, const int64_t n, const int64_t cols, const float *bias) {
+  const int64_t blocks = k / QBLOCK, stride = xsum ? 2 * PANEL : PANEL;
+  vec lo[GROUP], hi[GROUP];
+  for (int r = 0; r < rows; ++r) lo[r] = hi[r] = vzero();
+  for (int64_t b = 0; b < blocks; ++b) {
+    vec blo[GROUP], bhi[GROUP];
+    for (int r = 0; r < rows; ++r) blo[r] = bhi[r] = vzero();
+    const float *wb = w + b * QBLOCK * PANEL;
+    const float *xb = x + b * QBLOCK;
+    for (int i = 0; i < QBLOCK; ++i) {
+      const vec w_lo = vload(wb + i * PANEL), w_hi = vload(wb + i * PANEL + VW);
+      for (int r = 0; r < rows; ++r) {
+        const vec xv = vset1(xb[r * k + i]);
+        blo[r] = vfma(xv, w_lo, blo[r]);
+        bhi[r] = vfma(xv, w_hi, bhi[r]);
+      }
+    }
+    const vec d_lo = vhalf(s + b * stride), d_hi = vhalf(s + b * stride + VW);
+    if (xsum) {
+      const vec m_lo = vhalf(s + b * stride + PANEL), m_hi = vhalf(s + b * stride + PANEL + VW);
+      for (int r = 0; r < rows; ++r) {
+        const vec xs = vset1(xsum[r * blocks + b]);
+        lo[r] = vfma(m_lo, xs, vfma(d_lo, blo[r], lo[r]));
+        hi[r] = vfma(m_hi, xs, vfma(d_hi, bhi[r], hi[r]));
+      }
+    } else {
+      for (int r = 0; r < rows; ++r) {
+        lo[r] = vfma(d_lo, blo[r], lo[r]);
+        hi[r] = vfma(d_hi, bhi[r], hi[r]);
+      }
+    }
+  }
+  store_group(rows, lo, hi, y, n, cols, bias);
+}
+
+/* Rows split evenly over the fewest groups of at most GROUP. */
+static inline int64_t group_rows(const int64_t left, const int64_t groups_left) {
+  return (left + groups_left - 1) / groups_left;
+}
+
+#define GROUP_CASE(R, CALL) \
+  case R:                   \
+    CALL;                   \
+    break;
+
+#if GROUP > 3
+#define GROUP_SWITCH(rows, CALL)                                                        \
+  switch (rows) {                                                                       \
+    GROUP_CASE(1, CALL(1)) GROUP_CASE(2, CALL(2)) GROUP_CASE(3, CALL(3))                \
+    GROUP_CASE(4, CALL(4)) GROUP_CASE(5, CALL(5)) GROUP_CASE(6, CALL(6))                \
+  }
+#else
+#define GROUP_SWITCH(rows, CALL) \
+  switch (rows) { GROUP_CASE(1, CALL(1)) GROUP_CASE(2, CALL(2)) GROUP_CASE(3, CALL(3)) }
+#endif
+
+#define Q4_CALL(R) q4_1_group(R, xr, xs, k, (const uint8_t *)q, sc, yr, n, cols, b)
+#define Q8_CALL(R) q8_0_group(R, xr, k, (const int8_t *)q, sc, yr, n, cols, b)
+#define WIDE_CALL(R) widened_group(R, xr, xs, k, wide, sc, yr, n, cols, b)
+
+/* Panels [p0, p1) of either format (``xsum`` NULL: Q8_0). */
+static int block_gemm(const float *x, const float *xsum, int64_t m, int64_t k, const void *qs,
+                      const uint16_t *scales, int64_t n, const float *bias, float *out,
+                      int64_t p0, int64_t p1) {
+  const int64_t blocks = k / QBLOCK;
+  const int64_t q_panel = k * (xsum ? PANEL / 2 : PANEL);
+  const int64_t s_panel = blocks * (xsum ? 2 * PANEL : PANEL);
+  float *wide = m > GROUP ? malloc(sizeof(float) * (size_t)(k * PANEL)) : 0;
+  if (m > GROUP && !wide) return -1;
+  for (int64_t rb = 0; rb < m; rb += ROWBLOCK) {
+    const int64_t rb_end = m - rb < ROWBLOCK ? m : rb + ROWBLOCK;
+    const int64_t groups = (rb_end - rb + GROUP - 1) / GROUP;
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint8_t *q = (const uint8_t *)qs + p * q_panel;
+      const uint16_t *sc = scales + p * s_panel;
+      const int64_t col0 = p * PANEL;
+      const int64_t cols = n - col0 < PANEL ? n - col0 : PANEL;
+      const float *b = bias ? bias + col0 : 0;
+      if (groups > 1) {
+        if (xsum) widen_q4_1(q, k, wide);
+        else widen_q8_0((const int8_t *)q, k, wide);
+      }
+      for (int64_t g = 0, r0 = rb; g < groups; ++g) {
+        const int64_t rows = group_rows(rb_end - r0, groups - g);
+        const float *xr = x + r0 * k, *xs = xsum ? xsum + r0 * blocks : 0;
+        float *yr = out + r0 * n + col0;
+        if (groups > 1) GROUP_SWITCH(rows, WIDE_CALL)
+        else if (xsum) GROUP_SWITCH(rows, Q4_CALL)
+        else GROUP_SWITCH(rows, Q8_CALL)
+        r0 += rows;
+      }
+    }
+  }
+  free(wide);
+  return 0;
+}
+
+/* xsum [m][k / 32]: each block's sum of x, in index order. Returns 0, or -1 without memory. */
+int kvgate_q4_1_gemm(const float *x, int64_t m, int64_t k, const uint8_t *qs, const uint16_t *dm,
+                     int64_t n, const float *bias, float *out, int64_t p0, int64_t p1) {
+  const int64_t blocks = k / QBLOCK;
+  float *xsum = malloc(sizeof(float) * (size_t)(m * blocks));
+  if (!xsum) return -1;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      float s = 0.0f;
+      for (int i = 0; i < QBLOCK; ++i) s += x[r * k + b * QBLOCK + i];
+      xsum[r * blocks + b] = s;
+    }
+  const int status = block_gemm(x, xsum, m, k, qs, dm, n, bias, out, p0, p1);
+  free(xsum);
+  return status;
+}
+
+int kvgate_q8_0_gemm(const float *x, int64_t m, int64_t k, const int8_t *qs, const uint16_t *d,
+                     int64_t n, const float *bias, float *out, int64_t p0, int64_t p1) {
+  return block_gemm(x, 0, m, k, qs, d, n, bias, out, p0, p1);
+}
+
+/* ---- A pool of threads that split one call's panels, for decode's many small GEMMs ----
+ * Handing a GEMM of a few hundred microseconds to Python threads costs tens of microseconds per
+ * call; these workers spin briefly on the call's ticket, then sleep on a condition variable, so
+ * back-to-back calls start in about a microsecond. A call is cut into parts (part i: panels
+ * [total * i / parts, total * (i + 1) / parts)) that the caller and the workers claim one at a
+ * time from the ticket, so a worker the OS has not scheduled delays nothing: the caller takes
+ * its parts. One call uses the pool at a time; a call that finds it busy (another engine thread
+ * of the process) runs on its own thread. The pool lives until the process ends. */
+
+#define MAX_WORKERS 63
+/* Spin this long for the next call before sleeping: the gaps between a decode layer's GEMMs are
+ * tens of microseconds; a longer spin would take the core from torch's own threads (the sampler
+ * after the LM head) on a small machine. */
+#define SPIN_NS 100000
+#define PARTS_PER_THREAD 4
+
+static int64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Whether to go on spinning: true for SPIN_NS after the first call (*since == 0). */
+static int keep_spinning(int64_t *since, int *rounds) {
+  _mm_pause();
+  if (++*rounds & 255) return 1;
+  const int64_t t = now_ns();
+  if (!*since) *since = t;
+  return t - *since < SPIN_NS;
+}
+
+/* A parallel task: items [p0, p1) of the call whose arguments ``ctx`` points at; 0 or -1. */
+typedef int (*task_fn)(const void *ctx, int64_t p0, int64_t p1);
+
+static pthread_mutex_t pool_in_use = PTHREAD_MUTEX_INITIALIZER;
+
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t wake;
+  /* (call number << 32) | next unclaimed part: a part is claimed by moving it on, for the
+   * current call only */
+  atomic_uint_fast64_t ticket;
+  atomic_int completed, failed;
+  int workers, sleeping;
+  task_fn fn;
+  const void *ctx;
+  int64_t items;
+  int parts;
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+/* Claim and run parts of call ``call`` until none is left. */
+static void run_parts(uint64_t call) {
+  uint64_t t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
+  while ((t >> 32) == call && (int)(t & 0xffffffffu) < pool.parts) {
+    if (!atomic_compare_exchange_weak_explicit(&pool.ticket, &t, t + 1, memory_order_acq_rel,
+                                               memory_order_acquire))
+      continue;
+    const int part = (int)(t & 0xffffffffu);
+    const int64_t p0 = pool.items * part / pool.parts;
+    const int64_t p1 = pool.items * (part + 1) / pool.parts;
+    if (pool.fn(pool.ctx, p0, p1) != 0) atomic_store(&pool.failed, 1);
+    atomic_fetch_add_explicit(&pool.completed, 1, memory_order_release);
+    t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
+  }
+}
+
+static void *worker(void *arg) {
+  (void)arg;
+  uint64_t seen = 0;
+  for (;;) {
+    int rounds = 0;
+    int64_t since = 0;
+    while ((atomic_load_explicit(&pool.ticket, memory_order_acquire) >> 32) == seen) {
+      if (keep_spinning(&since, &rounds)) continue;
+      pthread_mutex_lock(&pool.lock);
+      pool.sleeping++;
+      while ((atomic_load(&pool.ticket) >> 32) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+      pool.sleeping--;
+      pthread_mutex_unlock(&pool.lock);
+    }
+    seen = atomic_load_explicit(&pool.ticket, memory_order_acquire) >> 32;
+    run_parts(seen);
+  }
+  return 0;
+}
+
+static int grow_pool(int workers) {
+  while (pool.workers < workers && pool.workers < MAX_WORKERS) {
+    pthread_t t;
+    if (pthread_create(&t, 0, worker, 0) != 0) break;
+    pthread_detach(t);
+    pool.workers++;
+  }
+  return pool.workers;
+}
+
+/* ``fn`` over items [0, items) on up to ``threads`` threads (this one included), in parts of
+ * whole items; one thread while another call holds the pool. Returns 0, or -1 on failure. Other
+ * kernels (attention.c) run on this pool through this function's address. */
+int kvgate_parallel_for(task_fn fn, const void *ctx, int64_t items, int threads) {
+  if (threads < 2 || items < 2 || pthread_mutex_trylock(&pool_in_use) != 0)
+    return fn(ctx, 0, items);
+  const int workers = grow_pool(threads - 1);
+  if (workers == 0) {
+    pthread_mutex_unlock(&pool_in_use);
+    return fn(ctx, 0, items);
+  }
+  const int64_t parts = (int64_t)(workers + 1) * PARTS_PER_THREAD;
+  pool.fn = fn, pool.ctx = ctx, pool.items = items;
+  pool.parts = (int)(parts < items ? parts : items);
+  atomic_store(&pool.failed, 0);
+  atomic_store(&pool.completed, 0);
+  const uint64_t call = (atomic_load(&pool.ticket) >> 32) + 1;
+  pthread_mutex_lock(&pool.lock);
+  atomic_store_explicit(&pool.ticket, call << 32, memory_order_release);
+  if (pool.sleeping) pthread_cond_broadcast(&pool.wake);
+  pthread_mutex_unlock(&pool.lock);
+  run_parts(call);
+  int rounds = 0;
+  int64_t since = 0;
+  while (atomic_load_explicit(&pool.completed, memory_order_acquire) < pool.parts)
+    if (!keep_spinning(&since, &rounds)) sched_yield(); /* a worker holding a part is not running */
+  const int failed = atomic_load(&pool.failed);
+  pthread_mutex_unlock(&pool_in_use);
+  return failed ? -1 : 0;
+}
+
+typedef struct {
+  const float *x, *bias;
+  float *out;
+  const void *qs;
+  const uint16_t *scales;
+  int64_t m, k, n;
+} GemmCall;
+
+static int q4_1_panels(const void *ctx, int64_t p0, int64_t p1) {
+  const GemmCall *c = ctx;
+  return kvgate_q4_1_gemm(c->x, c->m, c->k, c->qs, c->scales, c->n, c->bias, c->out, p0, p1);
+}
+
+static int q8_0_panels(const void *ctx, int64_t p0, int64_t p1) {
+  const GemmCall *c = ctx;
+  return kvgate_q8_0_gemm(c->x, c->m, c->k, c->qs, c->scales, c->n, c->bias, c->out, p0, p1);
+}
+
+int kvgate_q4_1_gemm_threads(const float *x, int64_t m, int64_t k, const uint8_t *qs,
+                             const uint16_t *dm, int64_t n, const float *bias, float *out,
+                             int64_t panels, int threads) {
+  const GemmCall c = {x, bias, out, qs, dm, m, k, n};
+  return kvgate_parallel_for(q4_1_panels, &c, panels, threads);
+}
+
+int kvgate_q8_0_gemm_threads(const float *x, int64_t m, int64_t k, const int8_t *qs,
+                             const uint16_t *d, int64_t n, const float *bias, float *out,
+                             int64_t panels, int threads) {
+  const GemmCall c = {x, bias, out, qs, d, m, k, n};
+  return kvgate_parallel_for(q8_0_panels, &c, panels, threads);
+}

@@ -1,0 +1,217 @@
+"""Parsing of an HF ``config.json`` into the decoder's frozen ``ModelConfig``.
+
+Supported: LlamaForCausalLM (Llama 2/3, rope scaling ``llama3`` / ``linear``), Qwen2ForCausalLM
+(q/k/v bias), MistralForCausalLM without a sliding window. Everything else is refused with one
+``ModelLoadError`` that names the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(Exception):
+    """A model directory that cannot be loaded: missing file, unsupported config, bad tensor."""
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float
+    kind: str = "default"  # default | linear | llama3
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+    # Per-pair divisors of the frequencies, as GGUF files store Llama 3 scaling ("rope_freqs").
+    freq_factors: tuple[float, ...] | None = None
+
+    def inv_freq(self, head_dim: int) -> torch.Tensor:
+        """Per-pair inverse frequencies [head_dim // 2], float32, the way HF computes them."""
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        inv = 1.0 / (self.theta**exponents)
+        if self.freq_factors is not None:
+            if len(self.freq_factors) != head_dim // 2:
+                n = len(self.freq_factors)
+                raise ModelLoadError(f"rope_freqs: {n} factors, need {head_dim // 2}")
+            return inv / torch.tensor(self.freq_factors, dtype=torch.float32)
+        if self.kind == "linear":
+            return inv / self.factor
+        if self.kind != "llama3":
+            return inv
+        low_wavelen = self.original_max_position / self.low_freq_factor
+        high_wavelen = self.original_max_position / self.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / self.factor, inv)
+        smooth = (self.original_max_position / wavelen - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool  # Llama attention_bias=true also biases o_proj; Qwen2 does not
+    torch_dtype: str | None  # as declared by the checkpoint; None when absent
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+# The decoder precomputes rotary tables for every position (decoder.py), so the context length
+# bounds memory at load time; 2M positions is above any supported model's context.
+MAX_POSITIONS = 1 << 21
+
+
+def check_config(cfg: ModelConfig, where: str | Path) -> ModelConfig:
+    """``cfg`` if a decoder can be built from it, else a ``ModelLoadError`` naming the field."""
+    sizes = {
+        "hidden_size": cfg.hidden_size,
+        "num_layers": cfg.num_layers,
+        "num_heads": cfg.num_heads,
+        "num_kv_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "vocab_size": cfg.vocab_size,
+    }
+    for name, value in sizes.items():
+        if value < 1:
+            raise ModelLoadError(f"{where}: {name} {value} is not positive")
+    if cfg.head_dim % 2:
+        raise ModelLoadError(f"{where}: head_dim {cfg.head_dim} is odd (rotary pairs)")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ModelLoadError(
+            f"{where}: {cfg.num_heads} attention heads do not divide into "
+            f"{cfg.num_kv_heads} key/value heads"
+        )
+    if not 1 <= cfg.max_position_embeddings <= MAX_POSITIONS:
+        raise ModelLoadError(
+            f"{where}: context length {cfg.max_position_embeddings} is outside 1..{MAX_POSITIONS}"
+        )
+    for name, number in (("rms_norm_eps", cfg.rms_norm_eps), ("rope theta", cfg.rope.theta)):
+        if not (math.isfinite(number) and number > 0):
+            raise ModelLoadError(f"{where}: {name} {number} is not a positive number")
+    return cfg
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: file not found")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: cannot read JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: not a JSON object")
+    return data
+
+
+def _rope(raw: dict[str, Any], where: Path) -> RopeConfig:
+    # transformers 5 writes "rope_parameters" (theta inside); older files "rope_theta" +
+    # "rope_scaling" (with "type" or "rope_type").
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default")) or "default"
+    if kind not in ("default", "linear", "llama3"):
+        raise ModelLoadError(f"{where}: rope scaling type {kind!r} is not supported")
+    if kind == "default":
+        return RopeConfig(theta=theta)
+    return RopeConfig(
+        theta=theta,
+        kind=kind,
+        factor=float(params.get("factor", 1.0)),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position=int(params.get("original_max_position_embeddings", 8192)),
+    )
+
+
+def _check_supported(raw: dict[str, Any], where: Path) -> str:
+    archs = raw.get("architectures") or []
+    arch: str | None = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
+        raise ModelLoadError(
+            f"{where}: unsupported architecture {archs or raw.get('model_type')!r}; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    # Qwen2 configs carry a window that only counts with use_sliding_window; Mistral's always
+    # counts. A window covering every position is plain causal attention.
+    window = raw.get("sliding_window")
+    uses_window = arch != "Qwen2ForCausalLM" or bool(raw.get("use_sliding_window", False))
+    max_pos = int(raw.get("max_position_embeddings", 4096))
+    if uses_window and window is not None and int(window) < max_pos:
+        raise ModelLoadError(
+            f"{where}: sliding-window attention (sliding_window={window}) is not supported"
+        )
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ModelLoadError(f"{where}: hidden_act {raw['hidden_act']!r} is not supported")
+    if raw.get("mlp_bias"):
+        raise ModelLoadError(f"{where}: mlp_bias=true is not supported")
+    return arch
+
+
+def parse_config(model_dir: Path) -> ModelConfig:
+    where = model_dir / "config.json"
+    raw = read_json(where)
+    arch = _check_supported(raw, where)
+    try:
+        hidden = int(raw["hidden_size"])
+        heads = int(raw["num_attention_heads"])
+        cfg = ModelConfig(
+            architecture=arch,
+            hidden_size=hidden,
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            intermediate_size=int(raw["intermediate_size"]),
+            vocab_size=int(raw["vocab_size"]),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope=_rope(raw, where),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            qkv_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
+            o_bias=arch != "Qwen2ForCausalLM" and bool(raw.get("attention_bias", False)),
+            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+        )
+    except KeyError as exc:
+        raise ModelLoadError(f"{where}: missing field {exc.args[0]!r}") from exc
+    return check_config(cfg, where)
+
+
+def resolve_dtype(requested: str, model: ModelConfig) -> torch.dtype:
+    """EngineConfig.dtype -> torch dtype; "auto" follows the checkpoint (float32 if undeclared)."""
+    if requested != "auto":
+        return DTYPES[requested]
+    declared = model.torch_dtype or "float32"
+    if declared not in DTYPES:
+        raise ModelLoadError(f"config.json: torch_dtype {declared!r} is not supported")
+    return DTYPES[declared]

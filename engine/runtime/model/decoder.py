@@ -1,0 +1,108 @@
+"""The Llama-family decoder over a flattened ragged batch and a paged KV cache.
+
+One forward computes the new tokens of many requests at once (``input_ids`` [T]); every layer
+writes all new K/V into their slots *before* any attention of that layer reads the cache, so a
+request can read a prefix block that another request of the same batch computes in this step.
+Only the rows in ``logits_indices`` (last token of each sampled request) reach the LM head.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.runtime.kernels import paged_attention, rms_norm, rope_store_kv
+from engine.runtime.kernels.metadata import AttentionMetadata
+from engine.runtime.model.blocks import embed
+from engine.runtime.model.config import ModelConfig
+from engine.runtime.model.linear import Linear
+from engine.runtime.model.weights import LayerWeights, ModelWeights
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hkv, D]
+
+
+class _Layer:
+    def __init__(self, w: LayerWeights, cfg: ModelConfig) -> None:
+        self.input_norm, self.post_norm = w.input_norm, w.post_norm
+        self.qkv = Linear(w.qkv, w.qkv_bias)
+        self.o_proj = Linear(w.o_proj, w.o_bias)
+        self.gate_up = Linear(w.gate_up)
+        self.down = Linear(w.down)
+        self.eps = cfg.rms_norm_eps
+        self.heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        self.inter = cfg.intermediate_size
+
+
+class Decoder:
+    """Stateless forward; K/V live in the caller's cache tensors."""
+
+    def __init__(
+        self, cfg: ModelConfig, weights: ModelWeights, dtype: torch.dtype, device: str
+    ) -> None:
+        self.cfg = cfg
+        self.dtype = dtype
+        self.embed = weights.embed
+        self.norm = weights.norm
+        self.lm_head = Linear(weights.lm_head)
+        self.layers = [_Layer(w, cfg) for w in weights.layers]
+        self.scale = cfg.head_dim**-0.5
+        # cos/sin tables [max_position, D], computed in float32 as HF does, then cast.
+        inv_freq = cfg.rope.inv_freq(cfg.head_dim)
+        pos = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
+        freqs = torch.outer(pos, inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = emb.cos().to(dtype=dtype, device=device)
+        self.sin = emb.sin().to(dtype=dtype, device=device)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """input_ids/positions [T] -> float32 logits [len(logits_indices), V]."""
+        x = embed(self.embed, input_ids)  # the residual stream; this forward's own buffer
+        delta: torch.Tensor | None = None  # the last MLP output, added by the next norm
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            x, delta = self._layer(layer, x, delta, positions, meta, k_cache, v_cache)
+        x = x.index_select(0, logits_indices)
+        if delta is None:  # no layers
+            return self.lm_head(rms_norm(x, self.norm, self.cfg.rms_norm_eps)).float()
+        normed, _ = rms_norm(
+            delta.index_select(0, logits_indices), self.norm, self.cfg.rms_norm_eps, residual=x
+        )
+        return self.lm_head(normed).float()
+
+    def _layer(
+        self,
+        layer: _Layer,
+        x: torch.Tensor,
+        delta: torch.Tensor | None,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual stream, pending delta) -> the same after this layer. Each residual add is
+        fused into the RMSNorm that follows it."""
+        t = x.shape[0]
+        hq, hkv, d = layer.heads
+        if delta is None:
+            h = rms_norm(x, layer.input_norm, layer.eps)
+        else:
+            h, x = rms_norm(delta, layer.input_norm, layer.eps, residual=x)
+        qkv = layer.qkv(h)
+        q = qkv[:, : hq * d].view(t, hq, d)
+        k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+        v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
+        # All new K/V of the batch land in the cache before any request's attention reads it.
+        rope_store_kv(q, k, v, positions, self.cos, self.sin, k_cache, v_cache, meta.slot_mapping)
+        attn = paged_attention(q.contiguous(), k_cache, v_cache, meta, self.scale)
+        out = layer.o_proj(attn.reshape(t, hq * d))
+        h, x = rms_norm(out, layer.post_norm, layer.eps, residual=x)
+        gate, up = layer.gate_up(h).split_with_sizes((layer.inter, layer.inter), dim=-1)
+        act = F.silu(gate, inplace=True).mul_(up)  # in place: the fused output is a temporary
+        return x, layer.down(act)

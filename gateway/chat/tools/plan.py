@@ -1,0 +1,62 @@
+"""What a request's tools and ``response_format`` mean for its prompt, grammar and answer.
+
+    tool_choice          grammar (gateway/chat/tools/grammar.py)   answer parsed for calls
+    (no tools)           response_format's, if any                 no
+    "none"               response_format's, if any                 no (tools still rendered)
+    "auto" (default)     lazy: forced from the opening tag on      yes
+    "required"           one call or more (one: no parallel)       yes
+    {"function": f}      exactly one call of f                     yes
+
+Tools are rendered whatever the choice, so a client's fixed tools give the same prompt tokens
+with every choice (its cached prefix). The format is the model family's
+(gateway/chat/tools/formats.py), read from the chat template.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine.constraints import Grammar
+from gateway.chat.messages import ChatMessage
+from gateway.chat.tools.formats import ToolFormat, detect_format, renders_tools
+from gateway.chat.tools.grammar import response_format_grammar, tool_grammar
+from gateway.chat.tools.models import NamedToolChoice, ResponseFormat, ToolChoice, ToolDef
+from gateway.chat.tools.render import Rendering, render
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    fmt: ToolFormat  # the family's call format (rendering, grammar and parsing agree on it)
+    native: bool  # the template renders tools itself
+    grammar: Grammar | None
+    grammar_param: str  # the request field a refused grammar is about
+    calls: ToolFormat | None  # parse the answer for calls in this format (None: plain text)
+    # The functions the grammar allows, with their index in ``tools`` (to name a refused one).
+    tools: tuple[tuple[int, ToolDef], ...]
+
+    def rendering(self, messages: Sequence[ChatMessage], tools: Sequence[ToolDef]) -> Rendering:
+        """The conversation for the template (with the prompt's rendering, off the loop for a
+        large one: a conversation may hold thousands of messages)."""
+        return render(messages, tools, self.fmt, self.native)
+
+
+def plan_output(
+    tools: Sequence[ToolDef],
+    choice: ToolChoice | None,
+    parallel: bool | None,
+    response_format: ResponseFormat | None,
+    template: str | None,
+) -> OutputPlan:
+    fmt, native = detect_format(template), renders_tools(template)
+    if not tools or choice == "none":
+        grammar = response_format_grammar(response_format)
+        return OutputPlan(fmt, native, grammar, "response_format", None, ())
+    if isinstance(choice, NamedToolChoice):
+        named = choice.function.name
+        allowed = tuple((i, t) for i, t in enumerate(tools) if t.function.name == named)
+        mode = "named"
+    else:
+        allowed, mode = tuple(enumerate(tools)), choice or "auto"
+    grammar = tool_grammar([t for _, t in allowed], fmt, mode, parallel is not False)
+    return OutputPlan(fmt, native, grammar, "tools", fmt, allowed)

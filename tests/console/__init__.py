@@ -1,0 +1,1 @@
+"""The admin console in a real browser."""

@@ -1,0 +1,54 @@
+"""The real default model with its Q4_1 / Q8_0 weights kept in their blocks (the CPU default)
+against the same GGUF dequantized to float32: the first step's logits within a stated tolerance,
+and the same 32 greedy tokens on the test prompts. The weights are identical; only the order of
+the float32 sums differs (per block of 32, then scaled: engine/runtime/kernels/cpu/qgemm.c)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.outputs import TokenLogprob
+from engine.params import SamplingParams
+from engine.runtime.kernels.cpu import qgemm
+from engine.runtime.model.blocks import BlockWeight
+from engine.serving.engine import Engine
+
+PROMPTS = (
+    "My rocket order 4711 has not arrived",
+    "How do I return a launch kit I have not opened?",
+    "Write one sentence about the moon.",
+)
+TOKENS = 32
+TOP = 5
+LOGPROB_TOLERANCE = 2e-3  # of each of the first step's top-5 log-probabilities
+
+
+def _engine(gguf: Path, weights: str) -> Engine:
+    return Engine.from_pretrained(gguf, device="cpu", kv_cache_bytes=32 << 20, weights=weights)
+
+
+@pytest.mark.timeout(600)
+def test_block_weights_agree_with_the_dequantized_model(default_gguf: Path) -> None:
+    if qgemm.load() is None:
+        pytest.skip("no block GEMM on this machine")
+    blocks, plain = _engine(default_gguf, "auto"), _engine(default_gguf, "dequantized")
+    assert isinstance(blocks.core.runner.decoder.embed, BlockWeight)
+    assert not isinstance(plain.core.runner.decoder.embed, BlockWeight)
+    tok = blocks.tokenizer
+    greedy = SamplingParams(temperature=0.0, max_tokens=TOKENS, ignore_eos=True)
+    first = SamplingParams(temperature=0.0, max_tokens=1, logprobs=TOP)
+    for question in PROMPTS:
+        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": question}]))
+        ours, theirs = (e.generate([ids], greedy)[0].token_ids for e in (blocks, plain))
+        assert ours == theirs, (tok.decode(list(ours)), tok.decode(list(theirs)))
+        mine, want = (_top(e.generate([ids], first)[0].new_logprobs) for e in (blocks, plain))
+        assert [t for t, _ in mine] == [t for t, _ in want]
+        diff = max(abs(a - b) for (_, a), (_, b) in zip(mine, want, strict=True))
+        assert diff <= LOGPROB_TOLERANCE, (question, diff)
+
+
+def _top(entries: tuple[TokenLogprob, ...] | None) -> tuple[tuple[int, float], ...]:
+    assert entries is not None and len(entries) == 1
+    return entries[0].top
