@@ -27,6 +27,7 @@ from gateway.ratelimit.types import (
     REASON_TOKENS,
     REASON_TOO_LARGE,
     REASON_TOO_WIDE,
+    SLACK_MS,
     Decision,
     Lease,
     Quota,
@@ -122,7 +123,7 @@ class MemoryLimiter:
         ]
         reason, at, retry = None, None, 0.0
         for i, (scope, (rpm_new, _, _, _)) in enumerate(zip(lease.scopes, charges, strict=True)):
-            if scope.limits.rpm and rpm_new - now > PERIOD_MS:
+            if scope.limits.rpm and rpm_new - now > PERIOD_MS + SLACK_MS:
                 reason, at, retry = REASON_REQUESTS, i, rpm_new - now - PERIOD_MS
                 break
         for key, scope, charge in zip(keys, lease.scopes, charges, strict=True):
@@ -270,9 +271,9 @@ def _first_rejection(
             return REASON_TOO_WIDE, i, -1.0
         if first[0] is not None:
             continue
-        if lim.rpm and rpm_new - now > PERIOD_MS:
+        if lim.rpm and rpm_new - now > PERIOD_MS + SLACK_MS:
             first = (REASON_REQUESTS, i, rpm_new - now - PERIOD_MS)
-        elif lim.tpm and tpm_new - now > PERIOD_MS:
+        elif lim.tpm and tpm_new - now > PERIOD_MS + SLACK_MS:
             first = (REASON_TOKENS, i, tpm_new - now - PERIOD_MS)
     return first
 
@@ -288,5 +289,5 @@ def _quota(limit: int, tat: float, share: float, now: float) -> Quota | None:
     """What this limiter will still admit (its share of the rest, while failed over)."""
     if not limit:
         return None
-    remaining = math.floor((PERIOD_MS - (tat - now)) / (PERIOD_MS / limit) * share + 1e-9)
+    remaining = math.floor((PERIOD_MS + SLACK_MS - (tat - now)) / (PERIOD_MS / limit) * share)
     return Quota(limit, remaining, math.ceil(tat - now))

@@ -43,6 +43,9 @@ GCRA_LUA = r"""
 -- the 1-based rejecting scope, 0 when admitted. Never admissible (4, 5) wins over the rest: the
 -- first scope that is so is named.
 local PERIOD = 60000.0
+-- A debt within SLACK ms of PERIOD counts as within it: float rounding of TATs (stored to 1 us,
+-- summed on epoch milliseconds) must not refuse the last request a limit allows.
+local SLACK = 0.01
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000.0 + math.floor(tonumber(t[2]) / 1000)
 local mode = ARGV[1]
@@ -106,7 +109,7 @@ end
 
 local function remaining(limit, tat)
   if limit <= 0 then return -1 end
-  return math.floor((PERIOD - (tat - now)) / (PERIOD / limit))
+  return math.floor((PERIOD + SLACK - (tat - now)) / (PERIOD / limit))
 end
 
 if mode == 'charge' then
@@ -117,7 +120,7 @@ if mode == 'charge' then
     if rpm > 0 then
       tats[i] = load_tat(KEYS[i], rpm, 0)
       news[i] = tats[i] + PERIOD / rpm
-      if reason == 0 and news[i] - now > PERIOD then
+      if reason == 0 and news[i] - now > PERIOD + SLACK then
         reason, at, retry = 1, i, news[i] - now - PERIOD
       end
     end
@@ -172,7 +175,7 @@ for i = 0, n - 1 do
   if rpm > 0 then
     rpm_tat[i] = load_tat(KEYS[k], rpm, tonumber(ARGV[a + 3]))
     rpm_new[i] = rpm_tat[i] + PERIOD / rpm
-    if reason == 0 and not again and rpm_new[i] - now > PERIOD then
+    if reason == 0 and not again and rpm_new[i] - now > PERIOD + SLACK then
       reason, at, retry = 1, i + 1, rpm_new[i] - now - PERIOD
     end
   end
@@ -180,7 +183,7 @@ for i = 0, n - 1 do
     tpm_tat[i] = load_tat(KEYS[k + 1], tpm, tonumber(ARGV[a + 4]))
     tpm_new[i] = tpm_tat[i] + tokens * (PERIOD / tpm)
     if tokens > tpm and not again and reason < 4 then reason, at, retry = 4, i + 1, -1
-    elseif reason == 0 and not again and tpm_new[i] - now > PERIOD then
+    elseif reason == 0 and not again and tpm_new[i] - now > PERIOD + SLACK then
       reason, at, retry = 2, i + 1, tpm_new[i] - now - PERIOD
     end
   end

@@ -31,6 +31,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 PERIOD_MS = 60_000.0  # both RPM and TPM refill over one minute
+# A debt within this many ms of PERIOD_MS counts as within it, in both limiters: float rounding of
+# TATs (sums on a clock of large magnitude) must not refuse the last request a limit allows.
+SLACK_MS = 0.01
 MAX_SLOTS = 1024  # concurrency slots one lease may take (a request's n is at most 128)
 
 # Reasons for a rejection, in the order the limiter checks them.

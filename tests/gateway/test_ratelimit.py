@@ -322,3 +322,24 @@ async def test_a_lone_wide_lease_is_admitted_within_a_replica_share() -> None:
     await lim.release(wide, 1)
     lim.check_integrity()
     await lim.close()
+
+
+# A clock reading where float addition rounds up: (now + 60000.0) - now > 60000.0 and
+# ((now + 30000.0) + 30000.0) - now > 60000.0 (minutes after boot, time.monotonic() is this small).
+ROUNDING_NOW_MS = 1004093.603
+
+
+async def test_the_last_request_and_token_a_limit_allows_survive_clock_rounding() -> None:
+    assert (ROUNDING_NOW_MS + 60000.0) - ROUNDING_NOW_MS > 60000.0  # the premise
+    limiter = MemoryLimiter(clock=lambda: ROUNDING_NOW_MS)
+    try:
+        whole = Scope("tenant", "t", Limits(rpm=1, tpm=1000))
+        first = await limiter.acquire(Lease.new("t", (whole,), 1000))
+        assert first.allowed, first
+        assert first.states[0].requests.remaining == 0 and first.states[0].tokens.remaining == 0
+        halves = Scope("tenant", "u", Limits(rpm=2))
+        charges = [await limiter.charge(Lease.new("u", (halves,), 0)) for _ in range(3)]
+        assert [c.allowed for c in charges] == [True, True, False]
+        assert [c.states[0].requests.remaining for c in charges[:2]] == [1, 0]
+    finally:
+        await limiter.close()
