@@ -29,7 +29,7 @@ serve: $(STAMP)
 # the async engine. The real default model's parity test (tests/e2e) stays in the first pass only:
 # it takes minutes, and tests/engine/model checks the same decoder and GGUF dequantization.
 CPU_ISA_TESTS := tests/kernels/test_cpu_gemm.py tests/kernels/test_cpu_qgemm.py \
-	tests/kernels/test_cpu_ops.py tests/engine/model \
+	tests/kernels/test_cpu_ops.py tests/kernels/test_cpu_layers.py tests/engine/model \
 	tests/engine/test_sampling_engine.py tests/engine/test_determinism.py \
 	tests/engine/test_async_engine.py
 

@@ -6,6 +6,7 @@ store_kv(key, value, k_cache, v_cache, slot_mapping)       # key/value [T, Hkv, 
 paged_attention(q, k_cache, v_cache, meta, scale) -> out   # q/out [T, Hq, D]
 rms_norm(x, weight, eps[, residual]) -> out | (out, sum)   # x [rows, hidden]
 rope_store_kv(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
+silu_mul(gate_up, inter) -> act                            # gate_up [T, 2 * inter] = [gate | up]
 check_step(meta, k_cache, v_cache, num_tokens) -> meta     # validated once per step
 ```
 ``rms_norm`` with ``residual`` normalises ``residual + x`` and also returns that sum (``residual``
@@ -27,6 +28,7 @@ from functools import cache
 from typing import Protocol, overload
 
 import torch
+import torch.nn.functional as F
 
 from engine.runtime.kernels import reference
 from engine.runtime.kernels.cpu import ops as cpu_ops
@@ -38,6 +40,7 @@ __all__ = [
     "paged_attention",
     "rms_norm",
     "rope_store_kv",
+    "silu_mul",
     "store_kv",
 ]
 
@@ -225,3 +228,13 @@ def rope_store_kv(
     fused = _on_triton(q) and _triton().rope_supports(q.shape[-1])
     ops: _Ops = _triton() if fused else reference  # head dims the kernel does not tile: torch RoPE
     ops.rope_store_kv(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
+
+
+def silu_mul(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+    """The MLP activation ``silu(gate) * up`` of ``gate_up`` [T, 2 * inter] ([gate | up]); the
+    result may reuse ``gate_up``'s memory."""
+    c = _c_ops(gate_up) if gate_up.dim() == 2 else None
+    if c is not None:
+        return c.silu_mul(gate_up, inter)
+    gate, up = gate_up.split_with_sizes((inter, inter), dim=-1)
+    return F.silu(gate, inplace=True).mul_(up)  # in place: the fused output is a temporary

@@ -9,9 +9,9 @@ Only the rows in ``logits_indices`` (last token of each sampled request) reach t
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from engine.runtime.kernels import paged_attention, rms_norm, rope_store_kv
+from engine.runtime.kernels import paged_attention, rms_norm, rope_store_kv, silu_mul
+from engine.runtime.kernels.cpu import layers as cpu_layers
 from engine.runtime.kernels.metadata import AttentionMetadata
 from engine.runtime.model.blocks import embed
 from engine.runtime.model.config import ModelConfig
@@ -31,6 +31,35 @@ class _Layer:
         self.eps = cfg.rms_norm_eps
         self.heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         self.inter = cfg.intermediate_size
+
+    def spec(self) -> cpu_layers.LayerSpec | None:
+        """This layer as the fused CPU loop reads it, where every linear is in GGUF blocks."""
+        linears = (self.qkv, self.o_proj, self.gate_up, self.down)
+        blocks = [(w.blocks, w.bias) for w in linears if w.blocks is not None]
+        norms = (self.input_norm, self.post_norm)
+        if len(blocks) < len(linears) or not all(_plain_cpu(n) for n in norms):
+            return None
+        return cpu_layers.LayerSpec(self.input_norm, self.post_norm, *blocks)
+
+
+def _plain_cpu(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+
+
+def _fused(layers: list[_Layer], cfg: ModelConfig) -> cpu_layers.FusedLayers | None:
+    """One C call for all layers of a CPU forward (``engine/runtime/kernels/cpu/layers.py``),
+    where every layer qualifies; None keeps the per-op loop below."""
+    specs = [layer.spec() for layer in layers]
+    if not specs or None in specs:
+        return None
+    shape = cpu_layers.Shape(
+        cfg.hidden_size,
+        (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+        cfg.intermediate_size,
+        cfg.rms_norm_eps,
+        cfg.head_dim**-0.5,
+    )
+    return cpu_layers.load([s for s in specs if s is not None], shape)
 
 
 class Decoder:
@@ -53,6 +82,11 @@ class Decoder:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos().to(dtype=dtype, device=device)
         self.sin = emb.sin().to(dtype=dtype, device=device)
+        # every layer in one C call (same kernels, same bits as the loop in forward); tests set
+        # it to None to compare the two
+        self.fused: cpu_layers.FusedLayers | None = None
+        if dtype == torch.float32 and torch.device(device).type == "cpu":
+            self.fused = _fused(self.layers, cfg)
 
     @torch.inference_mode()
     def forward(
@@ -66,8 +100,11 @@ class Decoder:
         """input_ids/positions [T] -> float32 logits [len(logits_indices), V]."""
         x = embed(self.embed, input_ids)  # the residual stream; this forward's own buffer
         delta: torch.Tensor | None = None  # the last MLP output, added by the next norm
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x, delta = self._layer(layer, x, delta, positions, meta, k_cache, v_cache)
+        if self.fused is not None and self.fused.runs(x, positions, meta, kv_caches):
+            delta = self.fused.run(x, positions, self.cos, self.sin, meta, kv_caches)
+        else:
+            for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+                x, delta = self._layer(layer, x, delta, positions, meta, k_cache, v_cache)
         x = x.index_select(0, logits_indices)
         if delta is None:  # no layers
             return self.lm_head(rms_norm(x, self.norm, self.cfg.rms_norm_eps)).float()
@@ -103,6 +140,4 @@ class Decoder:
         attn = paged_attention(q.contiguous(), k_cache, v_cache, meta, self.scale)
         out = layer.o_proj(attn.reshape(t, hq * d))
         h, x = rms_norm(out, layer.post_norm, layer.eps, residual=x)
-        gate, up = layer.gate_up(h).split_with_sizes((layer.inter, layer.inter), dim=-1)
-        act = F.silu(gate, inplace=True).mul_(up)  # in place: the fused output is a temporary
-        return x, layer.down(act)
+        return x, layer.down(silu_mul(layer.gate_up(h), layer.inter))

@@ -66,7 +66,9 @@ def _onednn(weight: torch.Tensor, bias: torch.Tensor | None) -> MatMul | None:
     return lambda x: ops._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def _block_matmul(weight: BlockWeight, bias: torch.Tensor | None) -> MatMul | None:
+def _block_matmul(
+    weight: BlockWeight, bias: torch.Tensor | None
+) -> tuple[MatMul, qgemm.PackedBlocks] | None:
     kernel = qgemm.load()
     if kernel is None or weight.device.type != "cpu":
         return None
@@ -80,7 +82,8 @@ def _block_matmul(weight: BlockWeight, bias: torch.Tensor | None) -> MatMul | No
         return kernel.matmul(x, packed, bias)
 
     probe_rows = torch.arange(min(PROBE_OUTPUTS, weight.shape[0]))
-    return fn if _agrees(fn, weight.dequantize(probe_rows), bias, len(probe_rows)) else None
+    agrees = _agrees(fn, weight.dequantize(probe_rows), bias, len(probe_rows))
+    return (fn, packed) if agrees else None
 
 
 def _cpu_matmul(weight: torch.Tensor, bias: torch.Tensor | None) -> MatMul | None:
@@ -98,9 +101,14 @@ class Linear:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.matmul: MatMul | None = None  # a packed CPU path
+        # the block GEMM's packed weight, where that is the path (the fused CPU layers read it)
+        self.blocks: qgemm.PackedBlocks | None = None
         if isinstance(weight, BlockWeight):
-            self.matmul = _block_matmul(weight, bias)
-            plain = None if self.matmul else weight.dequantize()
+            block = _block_matmul(weight, bias)
+            if block is not None:
+                self.matmul, self.blocks = block
+                self.bias = None if bias is None else bias.contiguous()
+            plain = None if block else weight.dequantize()
         else:
             plain = weight
         if plain is not None and plain.device.type == "cpu" and plain.dtype == torch.float32:

@@ -1,5 +1,6 @@
 /* The per-layer ops of a CPU decode step in float32, each one pass with no temporaries: RMSNorm
- * (with the residual add fused) and RoPE with the K/V cache store. One call does what torch does
+ * (with the residual add fused), RoPE with the K/V cache store and the MLP's SiLU(gate) * up. One
+ * call does what torch does
  * in 10-30 dispatches; attention is attention.c.
  *
  * Reductions accumulate in LANES independent partial sums combined in a fixed order, so the
@@ -67,5 +68,15 @@ void kvgate_rope_store_kv(float *qkv, int64_t row_stride, int64_t tokens, int64_
     const int64_t at = slots[t] * hkv * d;
     memcpy(k_cache + at, row + hq * d, sizeof(float) * (size_t)(hkv * d));
     memcpy(v_cache + at, row + (hq + hkv) * d, sizeof(float) * (size_t)(hkv * d));
+  }
+}
+
+/* out[r][i] = silu(gate_up[r][i]) * gate_up[r][inter + i]: the MLP activation of the fused
+ * gate/up projection's rows [gate | up]. */
+void kvgate_silu_mul(const float *gate_up, int64_t rows, int64_t inter, float *out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *g = gate_up + r * 2 * inter, *u = g + inter;
+    float *dst = out + r * inter;
+    for (int64_t i = 0; i < inter; ++i) dst[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
   }
 }

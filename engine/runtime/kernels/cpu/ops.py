@@ -1,7 +1,7 @@
-"""The float32 CPU ops of a decoder layer in C: RMSNorm with the residual add and RoPE with the
-K/V store (``ops.c``), and causal attention of decode rows and prefill chunks through the block
-tables (``attention.c``: 47 us a layer for one SmolLM2-135M decode row at 780 keys, where a
-head-at-a-time loop with a sequential lane sum took 344 us).
+"""The float32 CPU ops of a decoder layer in C: RMSNorm with the residual add, RoPE with the
+K/V store and SiLU(gate) * up (``ops.c``), and causal attention of decode rows and prefill
+chunks through the block tables (``attention.c``: 47 us a layer for one SmolLM2-135M decode row
+at 780 keys, where a head-at-a-time loop with a sequential lane sum took 344 us).
 
 Each is one call where the torch reference (``engine/runtime/kernels/reference.py``) makes 10-30
 dispatches, which at decode's one token a step cost more than the arithmetic: 15 ms of a 28 ms
@@ -56,6 +56,14 @@ class CpuOps:
             x.data_ptr(), _ptr(residual), weight.data_ptr(), eps, rows, hidden, out.data_ptr()
         )
         return out if residual is None else (out, residual)
+
+    def silu_mul(self, gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+        """``silu(gate) * up`` of contiguous ``gate_up`` [rows, 2 * inter] ([gate | up]):
+        [rows, inter]."""
+        rows = gate_up.shape[0]
+        out = gate_up.new_empty(rows, inter)
+        self.lib.kvgate_silu_mul(gate_up.data_ptr(), rows, inter, out.data_ptr())
+        return out
 
     def rope_store_kv(
         self,
@@ -134,6 +142,8 @@ def _load(isa: str) -> CpuOps | None:
     i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
     lib.kvgate_rms_norm.restype = None
     lib.kvgate_rms_norm.argtypes = [ptr, ptr, ptr, f32, i64, i64, ptr]
+    lib.kvgate_silu_mul.restype = None
+    lib.kvgate_silu_mul.argtypes = [ptr, i64, i64, ptr]
     lib.kvgate_rope_store_kv.restype = None
     lib.kvgate_rope_store_kv.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
     attn.kvgate_paged_attention.restype = ctypes.c_int
