@@ -79,7 +79,13 @@ def test_views_of_another_layout_are_not_taken_for_fused_qkv() -> None:
     assert ops.rope_operands(q.contiguous(), k, v) is None
 
 
-CASES = [((0, 31, 16), 16, 4, 2), ((47, 5, 200), 2, 6, 2), ((20,), 1, 7, 1), ((63, 1), 64, 8, 8)]
+CASES = [
+    ((0, 31, 16), 16, 4, 2),
+    ((47, 5, 200), 2, 6, 2),
+    ((20,), 1, 7, 1),
+    ((63, 1), 64, 8, 8),
+    ((40, 9), 8, 72, 8),  # more heads than a decode row takes as one item: tiles of heads
+]
 
 
 @pytest.mark.parametrize(("ctx", "block_size", "heads", "kv_heads"), CASES)
@@ -110,10 +116,14 @@ def test_prefill_chunks_match_float64(
     assert_close(out, ref_attention(batch), torch.float32)
 
 
-def test_a_rows_result_does_not_depend_on_its_chunk(c_ops: ops.CpuOps) -> None:
+@pytest.mark.parametrize(("heads", "kv_heads"), [(6, 2), (7, 1), (72, 8)])
+def test_a_rows_result_does_not_depend_on_its_chunk(
+    c_ops: ops.CpuOps, heads: int, kv_heads: int
+) -> None:
     """Row i of a 7-row chunk after 30 cached keys gives the same bits as that row decoded
-    alone after 30 + i keys (tiles of 4 rows, then 3; a lone row is a tile of 1)."""
-    b = make_batch((30,), (7,), block_size=4, num_heads=6, num_kv_heads=2)
+    alone after 30 + i keys (chunk rows in tiles of 4 rows, then 3; a decode row with all its
+    heads at once, or with more than 64 heads in tiles of heads)."""
+    b = make_batch((30,), (7,), block_size=4, num_heads=heads, num_kv_heads=kv_heads)
     chunk = c_ops.paged_attention(b.q, b.k_cache, b.v_cache, b.meta, b.scale)
     for i in range(7):
         meta = dataclasses.replace(
