@@ -37,13 +37,9 @@ class _Layer:
         linears = (self.qkv, self.o_proj, self.gate_up, self.down)
         blocks = [(w.blocks, w.bias) for w in linears if w.blocks is not None]
         norms = (self.input_norm, self.post_norm)
-        if len(blocks) < len(linears) or not all(_plain_cpu(n) for n in norms):
+        if len(blocks) < len(linears) or not all(cpu_layers.plain_cpu(n) for n in norms):
             return None
         return cpu_layers.LayerSpec(self.input_norm, self.post_norm, *blocks)
-
-
-def _plain_cpu(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
 
 
 def _fused(layers: list[_Layer], cfg: ModelConfig) -> cpu_layers.FusedLayers | None:

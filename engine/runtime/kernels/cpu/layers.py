@@ -92,6 +92,11 @@ def _linear(blocks: Blocks) -> _Linear:
     )  # fmt: skip
 
 
+def plain_cpu(t: torch.Tensor) -> bool:
+    """A tensor the C loop reads as it is: contiguous float32 on the CPU."""
+    return t.dtype == torch.float32 and t.is_contiguous() and t.device.type == "cpu"
+
+
 def _address(lib: ctypes.CDLL, name: str) -> int:
     value = ctypes.cast(lib[name], ctypes.c_void_p).value
     assert value is not None
@@ -108,9 +113,14 @@ class FusedLayers:
         self._table: ctypes.Array[_Layer] | None = None
         self._caches: tuple[int, ...] = ()  # the cache addresses the table was built for
 
-    def _layers(self, kv_caches: Sequence[KVPair]) -> ctypes.Array[_Layer]:
+    def _layers(self, kv_caches: Sequence[KVPair]) -> ctypes.Array[_Layer] | None:
+        """The layer table for these caches (rebuilt when they move), or None where a cache is
+        not a contiguous float32 CPU tensor."""
         addresses = tuple(t.data_ptr() for pair in kv_caches for t in pair)
-        if self._table is None or addresses != self._caches:
+        if addresses == self._caches:
+            return self._table
+        self._table, self._caches = None, addresses
+        if all(plain_cpu(t) for pair in kv_caches for t in pair):
             table = (_Layer * len(self._specs))()
             for row, spec, (k, v) in zip(table, self._specs, kv_caches, strict=True):
                 row.input_norm = spec.input_norm.data_ptr()
@@ -118,7 +128,7 @@ class FusedLayers:
                 row.qkv, row.o = _linear(spec.qkv), _linear(spec.o)
                 row.gate_up, row.down = _linear(spec.gate_up), _linear(spec.down)
                 row.k_cache, row.v_cache = k.data_ptr(), v.data_ptr()
-            self._table, self._caches = table, addresses
+            self._table = table
         return self._table
 
     def runs(
@@ -135,11 +145,7 @@ class FusedLayers:
             return False
         if not (positions.is_contiguous() and meta.slot_mapping.is_contiguous()):
             return False
-        return all(
-            t.dtype == torch.float32 and t.is_contiguous() and t.device.type == "cpu"
-            for pair in kv_caches
-            for t in pair
-        )
+        return self._layers(kv_caches) is not None
 
     def run(
         self,
@@ -169,6 +175,8 @@ class FusedLayers:
             *(b.data_ptr() for b in buffers.values()),
         )  # fmt: skip
         table = self._layers(kv_caches)
+        if table is None:
+            raise ValueError("the KV caches must be contiguous float32 CPU tensors (see runs)")
         status = self._lib.kvgate_decoder_layers(
             table, len(self._specs), ctypes.byref(step), ctypes.byref(self._kernels)
         )
