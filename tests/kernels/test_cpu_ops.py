@@ -116,13 +116,13 @@ def test_prefill_chunks_match_float64(
     assert_close(out, ref_attention(batch), torch.float32)
 
 
-@pytest.mark.parametrize(("heads", "kv_heads"), [(6, 2), (7, 1), (72, 8)])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(6, 2), (7, 1), (32, 8), (72, 8)])
 def test_a_rows_result_does_not_depend_on_its_chunk(
     c_ops: ops.CpuOps, heads: int, kv_heads: int
 ) -> None:
     """Row i of a 7-row chunk after 30 cached keys gives the same bits as that row decoded
-    alone after 30 + i keys (chunk rows in tiles of 4 rows, then 3; a decode row with all its
-    heads at once, or with more than 64 heads in tiles of heads)."""
+    alone after 30 + i keys: row tiles of all heads (4 rows, then 3; 2 rows of 32 heads; a
+    decode row alone), or with more than 64 heads tiles of one kv head."""
     b = make_batch((30,), (7,), block_size=4, num_heads=heads, num_kv_heads=kv_heads)
     chunk = c_ops.paged_attention(b.q, b.k_cache, b.v_cache, b.meta, b.scale)
     for i in range(7):

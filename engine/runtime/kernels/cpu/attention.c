@@ -3,13 +3,14 @@
  * 0 .. ctx[r] + (t - starts[r]) of its block table. Layouts are engine/runtime/kernels/metadata.py's:
  *   k_cache, v_cache [blocks][block_size][kv_heads][head_dim], slot = block * block_size + offset.
  *
- * A work item is a tile of up to TILE_ROWS query rows over one kv head (one query head of
- * consecutive rows of a request: prefill chunks), or a decode row with all its heads (up to
- * MAX_ROW_HEADS, else tiles of up to TILE_ROWS heads of one kv head). A decode row's scores read
- * each cached key row whole, every kv head at once: one kv head's slice of rows kv_heads * d
- * floats apart, read once per kv head, ran at a third of the speed on the same bytes. Each key
- * and value is loaded once for a tile, and the (row, head) sums are independent chains. Per row
- * and head, three passes: scores q . k (a fixed 16-lane tree per key), exp of score minus the
+ * A work item is a row tile: up to TILE_ROWS consecutive rows of a request (prefill chunks;
+ * a decode row alone) with all their heads, at most MAX_ROW_HEADS (row, head) pairs; with more
+ * heads than that, a tile of up to TILE_ROWS rows (or decode-row heads) of one kv head. A row
+ * tile's scores read each cached key row whole, every kv head at once (one kv head's slice of
+ * rows kv_heads * d floats apart, read once per kv head, ran at a third of the speed on the
+ * same bytes); a decode row's values too, a chunk's per head with its rows in registers. Each
+ * key and value is loaded once for a tile, and the (row, head) sums are independent chains. Per
+ * row and head, three passes: scores q . k (a fixed 16-lane tree per key), exp of score minus the
  * row's maximum with their total (16 lanes by key index, the same tree), and the weighted sum of
  * values in key order. Every sum runs in an order fixed by the row alone, so a row's result does
  * not depend on its tile, batch, thread count or ISA: the AVX2 and AVX-512 builds give the same
@@ -67,7 +68,7 @@ typedef __m256 vec;
 #define KEYS 16       /* scores are computed, exponentiated and summed 16 at a time */
 #define MAX_HEAD_DIM 256
 #define TILE_ROWS 4
-#define MAX_ROW_HEADS 64 /* query heads of a decode row taken as one item */
+#define MAX_ROW_HEADS 64 /* (row, head) pairs of a row tile */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* acc[0..15] (as L16 vectors) -> one float, by a fixed tree: 16 -> 8 -> 4 -> 2 -> 1. */
@@ -183,51 +184,96 @@ static inline void heads_scores(int n, const float *q, const float *k, int64_t d
   }
 }
 
-/* out_h = sum_j p[h][j] v_j / total_h for every head of a decode row, each value row read whole
- * in key order: per output float the same chain of multiply-adds from zero as tile_values. */
-static void row_values(const float *p, int64_t p_stride, const float *total,
-                       const float *v_cache, const int32_t *table, int64_t len, int64_t bs,
-                       int64_t hq, int64_t group, int64_t d, float *out) {
-  const int64_t hkv = hq / group, row = hkv * d;
-  for (int64_t i = 0; i < hq * d; i += VW) vstore(out + i, vzero());
-  for (int64_t b = 0, j = 0; j < len; ++b) {
-    const float *vb = v_cache + (int64_t)table[b] * bs * row;
-    for (const int64_t end = j + bs < len ? j + bs : len; j < end; ++j, vb += row)
-      for (int64_t g = 0; g < hkv; ++g)
-        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-          const vec pj = vset1(p[h * p_stride + j]);
-          const float *v = vb + g * d;
-          float *o = out + h * d;
+/* A tile of n consecutive rows of one request with all hq heads (``group`` per kv head); row r
+ * sees first + r keys (a decode row: n = 1). Score row (r, h) is p[(r * hq + h) * s_stride]. */
+typedef struct {
+  const float *q, *k_cache, *v_cache;
+  const int32_t *table;
+  int64_t q_stride, n, first, bs, hq, group, d;
+  float scale, *out;
+  int64_t out_stride;
+} RowTile;
+
+/* out[r][h] = sum_j p[r][h][j] v_j / total[r][h] over the tile's keys, each value row read whole
+ * in key order: per output float the same chain of multiply-adds from zero as tile_values (a
+ * future key's p is 0 and adds nothing). */
+static void row_values(const RowTile *t, const float *p, int64_t p_stride, const float *total) {
+  const int64_t hq = t->hq, group = t->group, d = t->d, row = hq / group * d;
+  const int64_t last = t->first + t->n - 1;
+  for (int64_t r = 0; r < t->n; ++r)
+    for (int64_t i = 0; i < hq * d; i += VW) vstore(t->out + r * t->out_stride + i, vzero());
+  for (int64_t b = 0, j = 0; j < last; ++b) {
+    const float *vb = t->v_cache + (int64_t)t->table[b] * t->bs * row;
+    for (const int64_t end = j + t->bs < last ? j + t->bs : last; j < end; ++j, vb += row)
+      for (int64_t r = 0; r < t->n; ++r)
+        for (int64_t h = 0; h < hq; ++h) {
+          const vec pj = vset1(p[(r * hq + h) * p_stride + j]);
+          const float *v = vb + h / group * d;
+          float *o = t->out + r * t->out_stride + h * d;
           for (int64_t c = 0; c < d; c += VW) vstore(o + c, vfma(pj, vload(v + c), vload(o + c)));
         }
   }
-  for (int64_t h = 0; h < hq; ++h) {
-    const vec inv = vset1(1.0f / total[h]);
-    for (int64_t c = 0; c < d; c += VW) vstore(out + h * d + c, vmul(vload(out + h * d + c), inv));
-  }
+  for (int64_t r = 0; r < t->n; ++r)
+    for (int64_t h = 0; h < hq; ++h) {
+      const vec inv = vset1(1.0f / total[r * hq + h]);
+      float *o = t->out + r * t->out_stride + h * d;
+      for (int64_t c = 0; c < d; c += VW) vstore(o + c, vmul(vload(o + c), inv));
+    }
 }
 
-/* One decode row over keys 0..len-1 with all hq (<= MAX_ROW_HEADS) heads, ``group`` query heads
- * per kv head: the scores of every head from each key row read whole, each head's softmax, then
- * the values from each value row read whole; every (row, head) sum as a tile of that head
- * computes it. */
-static void decode_row(const float *q, const float *k_cache, const float *v_cache,
-                       const int32_t *table, int64_t len, int64_t bs, int64_t hq, int64_t group,
-                       int64_t d, float scale, float *scores, int64_t s_stride, float *out) {
-  const int64_t hkv = hq / group, row = hkv * d, padded = (len + KEYS - 1) / KEYS * KEYS;
-  for (int64_t b = 0, j = 0; j < len; ++b) {
-    const float *kb = k_cache + (int64_t)table[b] * bs * row;
-    for (const int64_t end = j + bs < len ? j + bs : len; j < end; ++j, kb += row)
-      for (int64_t g = 0; g < hkv; ++g)
-        for (int64_t h = g * group; h < (g + 1) * group; h += TILE_ROWS) {
-          const int64_t n = (g + 1) * group - h;
-          heads_scores(n < TILE_ROWS ? (int)n : TILE_ROWS, q + h * d, kb + g * d, d, scale,
-                       scores + h * s_stride + j, s_stride);
-        }
+/* tile_values of n rows (n <= TILE_ROWS) of one head, n and the chunk width constants in each
+ * branch. */
+static void rows_values(int n, const float *p, int64_t p_stride, const float *total,
+                        const float *v_cache, const int32_t *table, int64_t len, int64_t bs,
+                        int64_t row, int64_t d, float *out, int64_t out_stride) {
+#define ROWS_VALUES(N, CH) \
+  tile_values(N, CH, p, p_stride, total, v_cache, table, len, bs, row, d, out, out_stride)
+  switch (n * 100 + (d % 64 == 0 ? 64 : 16)) {
+    case 164: ROWS_VALUES(1, 64); break;
+    case 264: ROWS_VALUES(2, 64); break;
+    case 364: ROWS_VALUES(3, 64); break;
+    case 464: ROWS_VALUES(4, 64); break;
+    case 116: ROWS_VALUES(1, 16); break;
+    case 216: ROWS_VALUES(2, 16); break;
+    case 316: ROWS_VALUES(3, 16); break;
+    default: ROWS_VALUES(4, 16); break;
   }
-  float total[MAX_ROW_HEADS];
-  for (int64_t h = 0; h < hq; ++h) total[h] = softmax_numerators(scores + h * s_stride, len, padded);
-  row_values(scores, s_stride, total, v_cache, table, len, bs, hq, group, d, out);
+#undef ROWS_VALUES
+}
+
+/* A row tile: the scores of every (row, head) from each key row read whole, each one's softmax,
+ * then the values from each value row read whole; every (row, head) sum as a tile of one head
+ * computes it. ``scores`` holds n * hq rows of ``s_stride`` floats. */
+static void row_tile(const RowTile *t, float *scores, int64_t s_stride) {
+  const int64_t hq = t->hq, group = t->group, d = t->d, hkv = hq / group, row = hkv * d;
+  const int64_t last = t->first + t->n - 1;
+  for (int64_t b = 0, j = 0; j < last; ++b) {
+    const float *kb = t->k_cache + (int64_t)t->table[b] * t->bs * row;
+    for (const int64_t end = j + t->bs < last ? j + t->bs : last; j < end; ++j, kb += row)
+      for (int64_t r = 0; r < t->n; ++r)
+        for (int64_t g = 0; g < hkv; ++g)
+          for (int64_t h = g * group; h < (g + 1) * group; h += TILE_ROWS) {
+            const int64_t left = (g + 1) * group - h;
+            heads_scores(left < TILE_ROWS ? (int)left : TILE_ROWS, t->q + r * t->q_stride + h * d,
+                         kb + g * d, d, t->scale, scores + (r * hq + h) * s_stride + j, s_stride);
+          }
+  }
+  float total[MAX_ROW_HEADS]; /* of (row r, head h) at h * n + r */
+  for (int64_t r = 0; r < t->n; ++r)
+    for (int64_t h = 0; h < hq; ++h) {
+      float *sc = scores + (r * hq + h) * s_stride;
+      const int64_t len = t->first + r, padded = (len + KEYS - 1) / KEYS * KEYS;
+      total[h * t->n + r] = softmax_numerators(sc, len, padded);
+      for (int64_t j = len; j < last; ++j) sc[j] = 0.0f; /* future keys */
+    }
+  if (t->n == 1) { /* every head's accumulators in memory, each value row read once */
+    row_values(t, scores, s_stride, total);
+    return;
+  }
+  for (int64_t h = 0; h < hq; ++h) /* the tile's rows of one head in registers */
+    rows_values((int)t->n, scores + h * s_stride, hq * s_stride, total + h * t->n,
+                t->v_cache + h / group * d, t->table, last, t->bs, row, d, t->out + h * d,
+                t->out_stride);
 }
 
 typedef struct {
@@ -272,12 +318,19 @@ static void tile(int n, const Keys *kv, int causal, const float *q, int64_t q_st
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* A request's work items: a decode row whole (with more than MAX_ROW_HEADS heads, in tiles of
- * up to TILE_ROWS heads of one kv head); more rows in tiles of TILE_ROWS rows, one per query
- * head. */
+/* Rows of a row tile (all heads at once), or 0 where a row has more than MAX_ROW_HEADS heads:
+ * then tiles of up to TILE_ROWS rows (or decode-row heads) of one kv head. */
+static int64_t tile_rows(int64_t hq) {
+  if (hq > MAX_ROW_HEADS) return 0;
+  return MAX_ROW_HEADS / hq < TILE_ROWS ? MAX_ROW_HEADS / hq : TILE_ROWS;
+}
+
+/* A request's work items: row tiles of all heads; with too many heads, a decode row in tiles of
+ * up to TILE_ROWS heads of one kv head, more rows in tiles of TILE_ROWS rows per query head. */
 static int64_t items_of(int64_t rows, int64_t hq, int64_t hkv) {
-  if (rows == 1) return hq <= MAX_ROW_HEADS ? 1 : hkv * ceil_div(hq / hkv, TILE_ROWS);
-  return ceil_div(rows, TILE_ROWS) * hq;
+  const int64_t n = tile_rows(hq);
+  if (n) return ceil_div(rows, n);
+  return rows == 1 ? hkv * ceil_div(hq / hkv, TILE_ROWS) : ceil_div(rows, TILE_ROWS) * hq;
 }
 
 static int64_t batch_items(const int32_t *starts, int64_t seqs, int64_t hq, int64_t hkv) {
@@ -298,10 +351,15 @@ static void run_item(const Batch *b, int64_t r, int64_t w, float *scores, int64_
   const int64_t start = b->starts[r], rows = b->starts[r + 1] - start, d = b->d, hq = b->hq;
   const int64_t group = hq / b->hkv, width = hq * d;
   int64_t first_row = start, h, n, q_stride, out_stride;
-  if (rows == 1 && hq <= MAX_ROW_HEADS) {
-    decode_row(b->q + start * b->q_row_stride, b->k_cache, b->v_cache,
-               b->tables + r * b->table_stride, b->ctx[r] + 1, b->bs, hq, group, d, b->scale,
-               scores, s_stride, b->out + start * width);
+  const int64_t per_tile = tile_rows(hq);
+  if (per_tile) { /* rows first_row .. first_row + n - 1, every head */
+    first_row += w * per_tile;
+    n = start + rows - first_row;
+    const RowTile t = {b->q + first_row * b->q_row_stride, b->k_cache, b->v_cache,
+                       b->tables + r * b->table_stride, b->q_row_stride,
+                       n < per_tile ? n : per_tile, b->ctx[r] + (first_row - start) + 1, b->bs,
+                       hq, group, d, b->scale, b->out + first_row * width, width};
+    row_tile(&t, scores, s_stride);
     return;
   }
   if (rows == 1) { /* heads h .. h + n - 1 of one kv head */
@@ -323,7 +381,7 @@ static void run_item(const Batch *b, int64_t r, int64_t w, float *scores, int64_
 /* Items [w0, w1) of ``b`` (request by request, items_of) with ``max_len`` keys at most. */
 static int run_items(const Batch *b, int64_t max_len, int64_t w0, int64_t w1) {
   const int64_t s_stride = ceil_div(max_len, KEYS) * KEYS + KEYS;
-  const int64_t rows = b->hq > TILE_ROWS && b->hq <= MAX_ROW_HEADS ? b->hq : TILE_ROWS;
+  const int64_t rows = tile_rows(b->hq) ? MAX_ROW_HEADS : TILE_ROWS;
   float *scores = malloc(sizeof(float) * (size_t)(rows * s_stride));
   if (!scores) return -1;
   int64_t r = 0, item0 = 0; /* the request of item w, and its first item */
