@@ -49,6 +49,7 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--b-output", type=int, default=8)
     p.add_argument("--budget", type=int, default=1024, help="max_num_batched_tokens")
     p.add_argument("--fair-prefill", type=int, default=128, help="fair_prefill_tokens")
+    p.add_argument("--fair-decode-rows", type=int, default=16, help="fair_decode_rows")
     p.add_argument("--weights-steps", type=int, default=200, help="engine steps measured")
     p.add_argument("--weights-long-steps", type=int, default=600, help="the same, long outputs")
     p.add_argument("--weights-repeats", type=int, default=3)
@@ -71,6 +72,7 @@ def _engine(args: argparse.Namespace, scheduling: str, **extra: Any) -> AsyncEng
         kv_cache_bytes=4096 * 2 * args.layers * args.block_size * 128 * 4,
         max_num_batched_tokens=args.budget,
         fair_prefill_tokens=args.fair_prefill,
+        fair_decode_rows=args.fair_decode_rows,
         scheduling=scheduling,
         **extra,
     )
@@ -301,6 +303,7 @@ def main(argv: Sequence[str]) -> int:
     config = {
         "geometry": QWEN25_05B.describe(args.layers), "block_size": args.block_size,
         "max_num_batched_tokens": args.budget, "fair_prefill_tokens": args.fair_prefill,
+        "fair_decode_rows": args.fair_decode_rows,
         "a": {"concurrency": args.a_concurrency, "prompt": args.a_prompt,
               "output": args.a_output},
         "b": {"rate": args.b_rate, "prompt": args.b_prompt, "output": args.b_output},

@@ -16,6 +16,7 @@ class EngineConfig:
     # fair: per-tenant virtual token counters (engine/core/fairness.py); fcfs: arrival order
     scheduling: str = "fair"
     fair_prefill_tokens: int = 256  # step's prefill budget for others while one is under-served
+    fair_decode_rows: int = 16  # others' decode rows in a step while one is under-served
     batch_max_wait_steps: int = (
         64  # a batch request waiting this many steps competes as interactive
     )
@@ -46,6 +47,8 @@ class EngineConfig:
             raise ValueError(f"scheduling must be fair or fcfs, got {self.scheduling!r}")
         if self.fair_prefill_tokens < 1 or self.batch_max_wait_steps < 0:
             raise ValueError("fair_prefill_tokens must be >= 1, batch_max_wait_steps >= 0")
+        if self.fair_decode_rows < 0:
+            raise ValueError(f"fair_decode_rows must be >= 0, got {self.fair_decode_rows}")
         if not 0.0 <= self.pin_cap_fraction <= 1.0:
             raise ValueError(f"pin_cap_fraction must be in [0, 1], got {self.pin_cap_fraction}")
         if self.host_kv_bytes < 0 or not 0 <= self.host_offload_priority <= 100:

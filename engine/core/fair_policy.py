@@ -64,7 +64,8 @@ class FairPolicy:
             for r in waiting
         ]
         free = self.config.max_num_seqs - len(running)
-        return plan_step(self.fair, wants, budget, free, under or set(), cap)
+        rows = self.config.fair_decode_rows if under else None
+        return plan_step(self.fair, wants, budget, free, under or set(), cap, rows)
 
     def slot_to_move(
         self, running: Sequence[Request], waiting: Sequence[Request], step: int
@@ -87,8 +88,7 @@ class FairPolicy:
         plain chunking."""
         budget = self.config.max_num_batched_tokens
         tenants = {r.tenant for r in running}
-        prefilling = {r.tenant for r in running if r.num_tokens - r.num_computed > 1}
-        under = underserved(self.fair, waiting, prefilling, step, self.config.batch_max_wait_steps)
+        under = underserved(self.fair, waiting, tenants, step, self.config.batch_max_wait_steps)
         if not under and len(tenants) < 2:
             return None, budget
         return under, self.config.fair_prefill_tokens if under else budget

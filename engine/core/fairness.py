@@ -184,15 +184,16 @@ def pick_victim(fair: FairShare, candidates: Iterable[FairRequest]) -> FairReque
 def underserved(
     fair: FairShare,
     waiting: Iterable[FairRequest],
-    prefilling_tenants: set[str],
+    running_tenants: set[str],
     step: int,
     max_wait_steps: int,
 ) -> set[str]:
     """Tenants with an eligible waiting request whose counter is at most that of every other
-    tenant now prefilling: while there are any, the others' prefill is cut to a small budget so
-    that the waiting request is admitted in this step instead of after a long one (the least
-    served tenant only: VTC would serve it first anyway, so weights are kept)."""
-    if not prefilling_tenants:
+    tenant now running: while there are any, the others' prefill is cut to a small budget and
+    their decode rows to a few, so that the waiting request is admitted in a short step instead
+    of after a long one (the least served tenant only: VTC would serve it first anyway, so
+    weights are kept)."""
+    if not running_tenants:
         return set()
     out: set[str] = set()
     for _, req in heads(waiting):
@@ -200,7 +201,7 @@ def underserved(
         if t in out or not is_eligible(req, step, max_wait_steps):
             continue
         c = fair.counter(t)
-        others = [fair.counter(u) for u in prefilling_tenants if u != t]
+        others = [fair.counter(u) for u in running_tenants if u != t]
         if others and c <= min(others):  # the least served (a lifted newcomer always is)
             out.add(t)
     return out
@@ -219,7 +220,13 @@ class Want(NamedTuple):
 
 
 def plan_step(
-    fair: FairShare, wants: list[Want], budget: int, free_slots: int, under: set[str], cap: int
+    fair: FairShare,
+    wants: list[Want],
+    budget: int,
+    free_slots: int,
+    under: set[str],
+    cap: int,
+    rows: int | None = None,
 ) -> tuple[dict[str, int], int]:
     """Split a step's ``budget`` by virtual counter over running requests (decodes and prefill
     chunks alike) and waiting ones (at most ``free_slots`` of them): the least served tenant's
@@ -228,8 +235,10 @@ def plan_step(
     waiting, each in the order given (admission order, queue order). So when the budget is
     short the tokens go to the tenants that are behind, not to the oldest admissions.
     Tenants not in ``under`` share at most ``cap`` prefill tokens of running requests while
-    ``under`` is not empty (their decodes are not capped; the admission loop caps their new
-    requests itself). Returns the allowance per running request id (what is planned for the
+    ``under`` is not empty, and, once an under-served tenant's claim is in the step, at most
+    ``rows`` decode rows (None: all; a decode row costs the LM head and its attention, so a step
+    of many stays long however small its prefill; the admission loop caps their new requests
+    itself). Returns the allowance per running request id (what is planned for the
     waiting is what the running requests leave to admission) and what is left of ``cap``."""
     queues: dict[str, list[tuple[bool, bool, int, Want]]] = {}
     for i, w in enumerate(wants):
@@ -239,12 +248,20 @@ def plan_step(
         q.sort(reverse=True)  # popped from the end
         heapq.heappush(heap, (q[-1][0], fair.counter(tenant), q[-1][2], tenant))
     allow: dict[str, int] = {}
+    # an under-served tenant's admission or prefill chunk can run in this step: the rows cap
+    # keeps the step short for it
+    helped = rows is not None and any(
+        w.tenant in under and (free_slots > 0 if w.waiting else w.need > 1) for w in wants
+    )
     while heap and budget > 0:
         _, virtual, _, tenant = heapq.heappop(heap)
         q = queues[tenant]
         w = q.pop()[3]
-        capped = under and tenant not in under and w.need > 1 and not w.waiting
+        other = bool(under) and tenant not in under and not w.waiting
+        capped = other and w.need > 1
         give = min(w.need, budget, cap) if capped else min(w.need, budget)
+        if other and w.need == 1 and helped:
+            give, rows = (give, rows - 1) if rows else (0, 0)
         if w.waiting:
             give = give if free_slots > 0 else 0
             free_slots -= 1

@@ -138,6 +138,47 @@ def test_plan_step_gives_a_short_budget_to_the_least_served_decodes_and_admissio
     assert allow == {"b0": 1, "a0": 1, "a1": 1, "a2": 1, "a3": 1}  # no slot: nothing kept
 
 
+def test_an_under_served_admission_caps_the_others_decode_rows_in_its_step() -> None:
+    """While an under-served tenant's request is admitted, the others keep only ``rows`` decode
+    rows in that step (the step stays as short as the admission); without a slot for it, or
+    with nobody under-served, every decode runs."""
+    fair = FairShare()
+    for tenant, weight in (("a", 1.0), ("b", 1.0)):
+        fair.arrive(tenant, weight)
+    fair.charge("a", 100)
+    wants = [Want(f"a{i}", "a", False, 1, False) for i in range(6)]
+    wants += [Want("b0", "b", False, 1, False), Want("bw", "b", False, 20, True)]
+    allow, _ = plan_step(fair, wants, budget=64, free_slots=1, under={"b"}, cap=8, rows=2)
+    assert allow == {"b0": 1, "a0": 1, "a1": 1}  # b's own decode is not capped
+    allow, _ = plan_step(fair, wants, budget=64, free_slots=0, under={"b"}, cap=8, rows=2)
+    assert allow == {"b0": 1, **{f"a{i}": 1 for i in range(6)}}  # b cannot be admitted
+    allow, _ = plan_step(fair, wants, budget=64, free_slots=1, under=set(), cap=8, rows=2)
+    assert allow == {"b0": 1, **{f"a{i}": 1 for i in range(6)}}
+
+
+def test_the_scheduler_keeps_fair_decode_rows_while_an_under_served_tenant_is_admitted() -> None:
+    sched = make_scheduler(
+        num_blocks=256, max_num_batched_tokens=64, max_num_seqs=16, fair_decode_rows=3
+    )
+    runner = FakeRunner(4)
+
+    def request(rid: str, tenant: str, prompt: tuple[int, ...]) -> Request:
+        sampling = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+        return Request(rid, tenant, prompt, sampling, 0.0, tenant=tenant)
+
+    for i in range(8):
+        add(sched, runner, request(f"a{i}", "a", (1, 2, i + 3)))
+    for _ in range(3):
+        batch, _ = step(sched, runner)  # a's requests decode, a's counter grows
+    assert len(batch.seqs) == 8
+    add(sched, runner, request("b0", "b", tuple(range(10, 30))))
+    batch, _ = step(sched, runner)
+    tenants = [s.request_id[0] for s in batch.seqs]
+    assert tenants.count("b") == 1 and tenants.count("a") == 3, tenants
+    batch, _ = step(sched, runner)  # b decodes: nobody waits, every decode runs again
+    assert len(batch.seqs) == 9
+
+
 def test_a_slot_moves_only_when_the_gap_outgrows_both_requests() -> None:
     sched = make_scheduler(num_blocks=256, max_num_batched_tokens=64, max_num_seqs=2)
     runner = FakeRunner(4)
