@@ -31,11 +31,12 @@ and the waiting requests free slots could admit, so a tenant's decodes wait when
 short and others are behind (the step itself still runs them in admission order: early reuse
 needs owners first); while an under-served tenant waits, the others get at most
 ``fair_prefill_tokens`` of prefill and ``fair_decode_rows`` decode rows in the step, so the
-waiting request is admitted and computed in this short step; when every slot (``max_num_seqs``) is taken and a waiting tenant is behind the most
-served running one by more than both requests cost, one request of the latter is preempted for
-it (``slot_victim``: slots follow the counters, not only finishing requests); and blocks are
-grown least served first, so the victim of a KV preemption is the running request of a batch
-class / the highest counter / the newest admission, in that order.
+waiting request is admitted and computed in this short step; when every slot
+(``max_num_seqs``) is taken and a waiting tenant is behind the most served running one by more
+than both requests cost, one request of the latter is preempted for it (``slot_victim``: slots
+follow the counters, not only finishing requests); and blocks are grown least served first, so
+the victim of a KV preemption is the running request of a batch class / the highest counter /
+the newest admission, in that order.
 """
 
 from __future__ import annotations
