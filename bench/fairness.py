@@ -49,7 +49,7 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--b-output", type=int, default=8)
     p.add_argument("--budget", type=int, default=1024, help="max_num_batched_tokens")
     p.add_argument("--fair-prefill", type=int, default=128, help="fair_prefill_tokens")
-    p.add_argument("--fair-decode-rows", type=int, default=16, help="fair_decode_rows")
+    p.add_argument("--fair-decode-rows", type=int, default=None, help="fair_decode_rows")
     p.add_argument("--weights-steps", type=int, default=200, help="engine steps measured")
     p.add_argument("--weights-long-steps", type=int, default=600, help="the same, long outputs")
     p.add_argument("--weights-repeats", type=int, default=3)

@@ -16,7 +16,9 @@ class EngineConfig:
     # fair: per-tenant virtual token counters (engine/core/fairness.py); fcfs: arrival order
     scheduling: str = "fair"
     fair_prefill_tokens: int = 256  # step's prefill budget for others while one is under-served
-    fair_decode_rows: int = 16  # others' decode rows in a step while one is under-served
+    # others' decode rows in a step while one is under-served; None: not capped (a shorter step
+    # for the waiting tenant, paid by the others' decodes waiting a step: off by default)
+    fair_decode_rows: int | None = None
     batch_max_wait_steps: int = (
         64  # a batch request waiting this many steps competes as interactive
     )
@@ -47,7 +49,7 @@ class EngineConfig:
             raise ValueError(f"scheduling must be fair or fcfs, got {self.scheduling!r}")
         if self.fair_prefill_tokens < 1 or self.batch_max_wait_steps < 0:
             raise ValueError("fair_prefill_tokens must be >= 1, batch_max_wait_steps >= 0")
-        if self.fair_decode_rows < 0:
+        if self.fair_decode_rows is not None and self.fair_decode_rows < 0:
             raise ValueError(f"fair_decode_rows must be >= 0, got {self.fair_decode_rows}")
         if not 0.0 <= self.pin_cap_fraction <= 1.0:
             raise ValueError(f"pin_cap_fraction must be in [0, 1], got {self.pin_cap_fraction}")

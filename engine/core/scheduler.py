@@ -30,8 +30,8 @@ split by counter over every claim on it (``plan_step``): running decodes, runnin
 and the waiting requests free slots could admit, so a tenant's decodes wait when the budget is
 short and others are behind (the step itself still runs them in admission order: early reuse
 needs owners first); while an under-served tenant waits, the others get at most
-``fair_prefill_tokens`` of prefill and ``fair_decode_rows`` decode rows in the step, so the
-waiting request is admitted and computed in this short step; when every slot
+``fair_prefill_tokens`` of prefill (and, where set, ``fair_decode_rows`` decode rows) in the
+step, so the waiting request is admitted and computed in this short step; when every slot
 (``max_num_seqs``) is taken and a waiting tenant is behind the most served running one by more
 than both requests cost, one request of the latter is preempted for it (``slot_victim``: slots
 follow the counters, not only finishing requests); and blocks are grown least served first, so
