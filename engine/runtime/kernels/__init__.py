@@ -115,10 +115,7 @@ def _on_triton(t: torch.Tensor) -> bool:
 
 def _c_ops(*tensors: torch.Tensor) -> cpu_ops.CpuOps | None:
     """kvgate's C ops, when every tensor is a contiguous float32 CPU tensor and they are built."""
-    for t in tensors:
-        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
-            return None
-    return cpu_ops.default()
+    return cpu_ops.default() if all(cpu_ops.plain_cpu(t) for t in tensors) else None
 
 
 def _int32_rows(meta: AttentionMetadata) -> bool:

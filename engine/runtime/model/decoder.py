@@ -12,6 +12,7 @@ import torch
 
 from engine.runtime.kernels import paged_attention, rms_norm, rope_store_kv, silu_mul
 from engine.runtime.kernels.cpu import layers as cpu_layers
+from engine.runtime.kernels.cpu import ops as cpu_ops
 from engine.runtime.kernels.metadata import AttentionMetadata
 from engine.runtime.model.blocks import embed
 from engine.runtime.model.config import ModelConfig
@@ -37,7 +38,7 @@ class _Layer:
         linears = (self.qkv, self.o_proj, self.gate_up, self.down)
         blocks = [(w.blocks, w.bias) for w in linears if w.blocks is not None]
         norms = (self.input_norm, self.post_norm)
-        if len(blocks) < len(linears) or not all(cpu_layers.plain_cpu(n) for n in norms):
+        if len(blocks) < len(linears) or not all(cpu_ops.plain_cpu(n) for n in norms):
             return None
         return cpu_layers.LayerSpec(self.input_norm, self.post_norm, *blocks)
 
@@ -96,9 +97,9 @@ class Decoder:
         """input_ids/positions [T] -> float32 logits [len(logits_indices), V]."""
         x = embed(self.embed, input_ids)  # the residual stream; this forward's own buffer
         delta: torch.Tensor | None = None  # the last MLP output, added by the next norm
-        if self.fused is not None and self.fused.runs(x, positions, meta, kv_caches):
+        if self.fused is not None:
             delta = self.fused.run(x, positions, self.cos, self.sin, meta, kv_caches)
-        else:
+        if delta is None:
             for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
                 x, delta = self._layer(layer, x, delta, positions, meta, k_cache, v_cache)
         x = x.index_select(0, logits_indices)

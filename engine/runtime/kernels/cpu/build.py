@@ -69,6 +69,13 @@ def load_library(source: Path, isa: str, isa_flags: tuple[str, ...]) -> ctypes.C
         return None
 
 
+def function_address(lib: ctypes.CDLL, name: str) -> int:
+    """The address of ``lib``'s exported function ``name``, for C code that calls it."""
+    value = ctypes.cast(lib[name], ctypes.c_void_p).value
+    assert value is not None
+    return value
+
+
 def split_panels(call: Callable[[int, int], object], panels: int, macs: int, min_macs: int) -> None:
     """``call(p0, p1)`` over [0, panels): whole panels per thread (no sum is split, so the thread
     count never changes a result), one thread below ``min_macs`` of work."""

@@ -92,17 +92,6 @@ def _linear(blocks: Blocks) -> _Linear:
     )  # fmt: skip
 
 
-def plain_cpu(t: torch.Tensor) -> bool:
-    """A tensor the C loop reads as it is: contiguous float32 on the CPU."""
-    return t.dtype == torch.float32 and t.is_contiguous() and t.device.type == "cpu"
-
-
-def _address(lib: ctypes.CDLL, name: str) -> int:
-    value = ctypes.cast(lib[name], ctypes.c_void_p).value
-    assert value is not None
-    return value
-
-
 class FusedLayers:
     """The layers of one decoder; :meth:`run` is one forward's pass through all of them."""
 
@@ -120,7 +109,7 @@ class FusedLayers:
         if addresses == self._caches:
             return self._table
         self._table, self._caches = None, addresses
-        if all(plain_cpu(t) for pair in kv_caches for t in pair):
+        if all(ops.plain_cpu(t) for pair in kv_caches for t in pair):
             table = (_Layer * len(self._specs))()
             for row, spec, (k, v) in zip(table, self._specs, kv_caches, strict=True):
                 row.input_norm = spec.input_norm.data_ptr()
@@ -131,22 +120,6 @@ class FusedLayers:
             self._table = table
         return self._table
 
-    def runs(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_caches: Sequence[KVPair],
-    ) -> bool:
-        """Whether :meth:`run` takes this step (else the per-op path does)."""
-        if not (meta.checked and x.dtype == torch.float32 and x.is_contiguous() and x.numel()):
-            return False
-        if not (positions.dtype == meta.slot_mapping.dtype == torch.int64):
-            return False
-        if not (positions.is_contiguous() and meta.slot_mapping.is_contiguous()):
-            return False
-        return self._layers(kv_caches) is not None
-
     def run(
         self,
         x: torch.Tensor,
@@ -155,9 +128,20 @@ class FusedLayers:
         sin: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: Sequence[KVPair],
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
         """All layers over the residual stream ``x`` [T, hidden] (updated in place: the stream
-        before the last layer's MLP output), which this returns ([T, hidden])."""
+        before the last layer's MLP output), which this returns ([T, hidden]); None, with
+        nothing done, where this step's tensors are laid out otherwise (the per-op path then
+        takes it)."""
+        if not (meta.checked and ops.plain_cpu(x) and x.numel()):
+            return None
+        if not (positions.dtype == meta.slot_mapping.dtype == torch.int64):
+            return None
+        if not (positions.is_contiguous() and meta.slot_mapping.is_contiguous()):
+            return None
+        table = self._layers(kv_caches)
+        if table is None:
+            return None
         s = self.shape
         hq, hkv, d = s.heads
         t = x.shape[0]
@@ -174,9 +158,6 @@ class FusedLayers:
             tables.stride(0), meta.block_size, meta.max_seq_len, meta.num_seqs, x.data_ptr(),
             *(b.data_ptr() for b in buffers.values()),
         )  # fmt: skip
-        table = self._layers(kv_caches)
-        if table is None:
-            raise ValueError("the KV caches must be contiguous float32 CPU tensors (see runs)")
         status = self._lib.kvgate_decoder_layers(
             table, len(self._specs), ctypes.byref(step), ctypes.byref(self._kernels)
         )
@@ -193,14 +174,11 @@ def _kernels(isa: str) -> tuple[ctypes.CDLL, _Kernels] | None:
         return None
     lib.kvgate_decoder_layers.restype = ctypes.c_int
     lib.kvgate_decoder_layers.argtypes = [ctypes.POINTER(_Layer), _i64, _ptr, _ptr]
-    q = blocks.lib
-    gemms = (_ptr * 2)(
-        _address(q, "kvgate_q4_1_gemm_threads"), _address(q, "kvgate_q8_0_gemm_threads")
-    )
+    q, at = blocks.lib, build.function_address
+    gemms = (_ptr * 2)(at(q, "kvgate_q4_1_gemm_threads"), at(q, "kvgate_q8_0_gemm_threads"))
     kernels = _Kernels(
-        gemms, _address(c.lib, "kvgate_rms_norm"), _address(c.lib, "kvgate_rope_store_kv"),
-        _address(c.lib, "kvgate_silu_mul"), _address(c.attn, "kvgate_paged_attention"),
-        c.parallel,
+        gemms, at(c.lib, "kvgate_rms_norm"), at(c.lib, "kvgate_rope_store_kv"),
+        at(c.lib, "kvgate_silu_mul"), at(c.attn, "kvgate_paged_attention"), c.parallel,
     )  # fmt: skip
     return lib, kernels
 

@@ -29,6 +29,11 @@ _MIN_SPLIT_MACS = 1 << 18  # attention below this runs on one thread
 HEAD_DIM_MULTIPLE = 16  # decode attention's head dims: whole 16-lane sums
 
 
+def plain_cpu(t: torch.Tensor) -> bool:
+    """A tensor the C ops read as it is: contiguous float32 on the CPU."""
+    return t.dtype == torch.float32 and t.is_contiguous() and t.device.type == "cpu"
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 

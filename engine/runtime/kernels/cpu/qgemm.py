@@ -49,9 +49,7 @@ class QuantGemm:
     @property
     def parallel_for(self) -> int:
         """The address of ``kvgate_parallel_for`` (its thread pool), for other C kernels."""
-        address = ctypes.cast(self.lib.kvgate_parallel_for, ctypes.c_void_p).value
-        assert address is not None
-        return address
+        return build.function_address(self.lib, "kvgate_parallel_for")
 
     def pack_q4_1(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> PackedBlocks:
         """q [n, k] uint8 in 0..15, d and m [n, k / 32] float16 (weight = d * q + m)."""
