@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_BLOCK_SIZE = 64
+WEIGHTS = ("auto", "blocks-f32", "dequantized")  # EngineConfig.weights
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,9 @@ class EngineConfig:
     kv_snapshot_key: str | None = field(default=None, repr=False)
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     # auto: a GGUF's Q4_1 / Q8_0 matrices stay in their blocks where the CPU block GEMM runs
-    # (engine/runtime/model/blocks.py); dequantized: every weight in ``dtype``
+    # (engine/runtime/model/blocks.py), with activations rounded to int8 per block of 32 as
+    # llama.cpp does (engine/runtime/kernels/cpu/q8gemm.c); blocks-f32: the same blocks with
+    # float32 activations; dequantized: every weight in ``dtype``
     weights: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 
@@ -55,8 +58,8 @@ class EngineConfig:
             raise ValueError(f"pin_cap_fraction must be in [0, 1], got {self.pin_cap_fraction}")
         if self.host_kv_bytes < 0 or not 0 <= self.host_offload_priority <= 100:
             raise ValueError("host_kv_bytes must be >= 0, host_offload_priority in 0..100")
-        if self.weights not in ("auto", "dequantized"):
-            raise ValueError(f"weights must be auto or dequantized, got {self.weights!r}")
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

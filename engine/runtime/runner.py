@@ -102,11 +102,12 @@ class ModelRunner:
         bind_device(device)  # Triton launches on the thread's current device
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        blocks = config.weights == "auto" and qgemm.load() is not None
+        blocks = config.weights != "dequantized" and qgemm.load() is not None
         model = load_model(model_dir, choose_dtype(config.dtype, device), str(device), blocks)
         model_config, dtype, tokenizer = model.config, model.dtype, model.tokenizer
         log.info(describe(device, dtype, config.dtype))
-        decoder = Decoder(model_config, model.weights, dtype, str(device))
+        int8 = config.weights == "auto"  # int8 activations where a weight is in blocks
+        decoder = Decoder(model_config, model.weights, dtype, str(device), int8_activations=int8)
         del model  # the weights as loaded: the decoder holds what it uses
         if device.type == "cpu":
             release_freed_heap()

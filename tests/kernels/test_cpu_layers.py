@@ -1,7 +1,8 @@
 """All decoder layers of a CPU forward in one C call (``engine/runtime/kernels/cpu/layers.c``)
 give the bits the per-op loop gives (same kernels, same order), for prefill chunks, decode rows
-and both in one batch, with biases (Qwen2) and without (Llama), in Q4_1 and Q8_0 blocks; the
-loop is used only where every layer is in blocks; the C SiLU(gate) * up agrees with torch's.
+and both in one batch, with biases (Qwen2) and without (Llama), in Q4_1 and Q8_0 blocks, with
+float32 and int8 activations; the loop is used only where every layer is in blocks; the C
+SiLU(gate) * up agrees with torch's.
 CI runs this file under ``KVGATE_CPU_ISA=avx2`` as well."""
 
 from __future__ import annotations
@@ -15,12 +16,19 @@ import torch.nn.functional as F
 from engine.core.batch import ScheduledSeq
 from engine.runtime import kernels
 from engine.runtime.kernels.cpu import ops, qgemm
+from engine.runtime.model.linear import Linear
 from engine.runtime.runner import ModelRunner
 from tests.engine.model.factories import blocks, logits_of, make_hf_model, random_prompt, seq
 from tests.engine.model.gguf_factory import write_gguf
 from tests.engine.model.test_gguf_parity import gguf_runner
 
-CASES = {"qwen2-q4_1": ("qwen2", "Q4_1"), "llama-q8_0": ("llama", "Q8_0")}
+# (architecture, GGUF type, EngineConfig.weights: float32 or int8 activations)
+CASES = {
+    "qwen2-q4_1": ("qwen2", "Q4_1", "blocks-f32"),
+    "llama-q8_0": ("llama", "Q8_0", "blocks-f32"),
+    "qwen2-q4_1-int8": ("qwen2", "Q4_1", "auto"),
+    "llama-q8_0-int8": ("llama", "Q8_0", "auto"),
+}
 BLOCK = 4
 
 
@@ -28,10 +36,20 @@ BLOCK = 4
 def runner(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ModelRunner:
     if qgemm.load() is None or ops.default() is None:
         pytest.skip("no C kernels on this machine")
-    arch, qtype = CASES[request.param]
+    arch, qtype, weights = CASES[request.param]
     tmp: Path = tmp_path_factory.mktemp(request.param)
     _, source = make_hf_model(tmp / "hf", arch, hidden=64, intermediate=128, layers=3)
-    return gguf_runner(write_gguf(tmp / "model.gguf", source, qtype), BLOCK, num_blocks=96)
+    path = write_gguf(tmp / "model.gguf", source, qtype)
+    built = gguf_runner(path, BLOCK, num_blocks=96, weights=weights)
+    kinds = {w.blocks.kind for w in _linears(built) if w.blocks is not None}
+    assert kinds == {f"{qtype.lower()}/int8" if weights == "auto" else qtype.lower()}
+    return built
+
+
+def _linears(runner: ModelRunner) -> list[Linear]:
+    decoder = runner.decoder
+    layers = decoder.layers
+    return [decoder.lm_head, *(w for x in layers for w in (x.qkv, x.o_proj, x.gate_up, x.down))]
 
 
 def _both(runner: ModelRunner, *seqs: ScheduledSeq) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,8 @@
-"""The block GEMM over GGUF Q4_1 / Q8_0 weights, each ISA build this CPU runs: against the
-dequantized weights in float64, shapes with tails, bias, batch and thread invariance, the same
-bits from both builds; GGUF bytes parsed as ``gguf.quants`` dequantizes them; Linear's choice."""
+"""The block GEMM over GGUF Q4_1 / Q8_0 weights, each ISA build this CPU runs, with float32 and
+int8 activations: against the dequantized weights in float64 (int8: against the same scheme
+computed in float64, and within its stated rounding bound), shapes with tails, bias, batch and
+thread invariance, the same bits from both builds, no 16-bit overflow at the extremes; GGUF
+bytes parsed as ``gguf.quants`` dequantizes them; Linear's choice."""
 
 from __future__ import annotations
 
@@ -36,10 +38,28 @@ def block_weight(kind: str, n: int, k: int, seed: int = 0) -> BlockWeight:
     return BlockWeight.from_gguf(kind, quantize(w, GGML[kind]), (n, k))
 
 
-def pack(kernel: qgemm.QuantGemm, w: BlockWeight) -> qgemm.PackedBlocks:
+def pack(kernel: qgemm.QuantGemm, w: BlockWeight, int8: bool = False) -> qgemm.PackedBlocks:
     if w.m is None:
-        return kernel.pack_q8_0(w.q, w.d)
-    return kernel.pack_q4_1(w.q, w.d, w.m)
+        return kernel.pack_q8_0(w.q, w.d, int8=int8)
+    return kernel.pack_q4_1(w.q, w.d, w.m, int8=int8)
+
+
+def int8_reference(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
+    """q8gemm.c's scheme in float64: x rounded per block of 32 (dx = max|x| / 127, half to
+    even), each block's integer dot product scaled by float32 dw * dx, plus mw * sum(x)."""
+    m, k = x.shape
+    xb = x.view(m, k // 32, 32)
+    amax = xb.abs().amax(-1).double()  # divisions in float64, then rounded: IEEE float32's
+    dx = (amax / 127.0).float()
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax)).float()
+    qx = torch.round(xb * inv.unsqueeze(-1)).double()  # float32 product, then half to even
+    qw = w.q.double().view(w.shape[0], k // 32, 32)
+    dots = torch.einsum("mbi,nbi->mnb", qx, qw)  # exact integers
+    scale = w.d.float().unsqueeze(0) * dx.unsqueeze(1)  # [m, n, blocks] in float32
+    out = (dots * scale.double()).sum(-1)
+    if w.m is not None:
+        out += xb.sum(-1).double() @ w.m.double().T
+    return out
 
 
 @pytest.mark.parametrize("kind", [Q4_1, Q8_0])
@@ -68,9 +88,49 @@ def test_matches_the_dequantized_weight(
 
 
 @pytest.mark.parametrize("kind", [Q4_1, Q8_0])
-def test_a_row_does_not_depend_on_batch_or_threads(kernel: qgemm.QuantGemm, kind: str) -> None:
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 64, 32), (3, 40, 96), (8, 100, 64), (131, 17, 64)])
+def test_int8_activations_compute_their_scheme_within_its_bound(
+    kernel: qgemm.QuantGemm, kind: str, m: int, n: int, k: int
+) -> None:
+    w = block_weight(kind, n, k, seed=m)
+    x, b = torch.randn(m, k), torch.randn(n)
+    got = kernel.matmul(x, pack(kernel, w, int8=True), b).double()
+    scale = (x.abs().double() @ w.dequantize().abs().double().T).clamp_min(1.0)
+    # one input rounded the other way would be off by about 4e-4 of scale here
+    assert ((got - (int8_reference(x, w) + b.double())).abs() <= 1e-5 * scale).all()
+    exact = x.double() @ w.dequantize().double().T + b.double()
+    error = (got - exact).abs()
+    bound = qgemm.int8_error_bound(x, w.dequantize(offset=False)).double()
+    assert (error <= bound + 1e-5 * scale).all()
+    assert error.max() > 1e-4 * scale.max()  # the activations really were rounded
+
+
+@pytest.mark.parametrize("kind", [Q4_1, Q8_0])
+def test_int8_sums_do_not_overflow_at_the_extremes(kernel: qgemm.QuantGemm, kind: str) -> None:
+    """Every weight at its largest magnitude (15, or -128) and every input at max|x|: the
+    16-bit partial sums are at their bounds (16 * 15 * 127 and 2 * 128 * 127)."""
+    n, k = 20, 64
+    q = torch.full((n, k), 15 if kind == Q4_1 else -128)
+    w = BlockWeight(
+        kind,
+        q.to(torch.uint8 if kind == Q4_1 else torch.int8),
+        torch.full((n, k // 32), 0.5, dtype=torch.float16),
+        torch.zeros(n, k // 32, dtype=torch.float16) if kind == Q4_1 else None,
+    )
+    x = torch.full((2, k), 127.0)  # dx = 1: every product exact
+    x[1] = -127.0
+    got = kernel.matmul(x, pack(kernel, w, int8=True), None)
+    assert torch.equal(got.double(), int8_reference(x, w))
+    assert torch.equal(got, x @ w.dequantize().T)
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
+@pytest.mark.parametrize("kind", [Q4_1, Q8_0])
+def test_a_row_does_not_depend_on_batch_or_threads(
+    kernel: qgemm.QuantGemm, kind: str, int8: bool
+) -> None:
     w = block_weight(kind, 3072, 576)
-    packed, x = pack(kernel, w), torch.randn(9, 576)
+    packed, x = pack(kernel, w, int8), torch.randn(9, 576)
     alone = kernel.matmul(x[4:5], packed, None)
     before = torch.get_num_threads()
     try:
@@ -82,12 +142,14 @@ def test_a_row_does_not_depend_on_batch_or_threads(kernel: qgemm.QuantGemm, kind
 
 
 @pytest.mark.skipif(len(RUNNABLE) < 2, reason="needs a CPU that runs both builds")
+@pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
 @pytest.mark.parametrize("kind", [Q4_1, Q8_0])
-def test_both_builds_give_the_same_bits(kind: str) -> None:
+def test_both_builds_give_the_same_bits(kind: str, int8: bool) -> None:
     w, x = block_weight(kind, 200, 320), torch.randn(7, 320)
     wide, narrow = qgemm.load("avx512"), qgemm.load("avx2")
     assert wide is not None and narrow is not None
-    assert torch.equal(wide.matmul(x, pack(wide, w), None), narrow.matmul(x, pack(narrow, w), None))
+    got = wide.matmul(x, pack(wide, w, int8), None)
+    assert torch.equal(got, narrow.matmul(x, pack(narrow, w, int8), None))
 
 
 def test_bad_arguments_are_refused_before_the_call_into_c(kernel: qgemm.QuantGemm) -> None:

@@ -52,9 +52,10 @@ class BlockWeight:
     def device(self) -> torch.device:
         return self.q.device
 
-    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Float32 [n, k] (or only ``rows``)."""
-        q, d, m = self.q, self.d, self.m
+    def dequantize(self, rows: torch.Tensor | None = None, offset: bool = True) -> torch.Tensor:
+        """Float32 [n, k] (or only ``rows``); without ``offset``, ``d * q`` alone (Q4_1's ``m``
+        left out)."""
+        q, d, m = self.q, self.d, self.m if offset else None
         if rows is not None:
             q, d = q.index_select(0, rows), d.index_select(0, rows)
             m = None if m is None else m.index_select(0, rows)

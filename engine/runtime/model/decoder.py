@@ -23,12 +23,12 @@ KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hk
 
 
 class _Layer:
-    def __init__(self, w: LayerWeights, cfg: ModelConfig) -> None:
+    def __init__(self, w: LayerWeights, cfg: ModelConfig, int8: bool) -> None:
         self.input_norm, self.post_norm = w.input_norm, w.post_norm
-        self.qkv = Linear(w.qkv, w.qkv_bias)
-        self.o_proj = Linear(w.o_proj, w.o_bias)
-        self.gate_up = Linear(w.gate_up)
-        self.down = Linear(w.down)
+        self.qkv = Linear(w.qkv, w.qkv_bias, int8_activations=int8)
+        self.o_proj = Linear(w.o_proj, w.o_bias, int8_activations=int8)
+        self.gate_up = Linear(w.gate_up, int8_activations=int8)
+        self.down = Linear(w.down, int8_activations=int8)
         self.eps = cfg.rms_norm_eps
         self.heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         self.inter = cfg.intermediate_size
@@ -60,17 +60,25 @@ def _fused(layers: list[_Layer], cfg: ModelConfig) -> cpu_layers.FusedLayers | N
 
 
 class Decoder:
-    """Stateless forward; K/V live in the caller's cache tensors."""
+    """Stateless forward; K/V live in the caller's cache tensors. ``int8_activations``: the
+    linears whose weights are in GGUF blocks round their input to int8 per block of 32
+    (``engine/runtime/kernels/cpu/qgemm.py``)."""
 
     def __init__(
-        self, cfg: ModelConfig, weights: ModelWeights, dtype: torch.dtype, device: str
+        self,
+        cfg: ModelConfig,
+        weights: ModelWeights,
+        dtype: torch.dtype,
+        device: str,
+        *,
+        int8_activations: bool = False,
     ) -> None:
         self.cfg = cfg
         self.dtype = dtype
         self.embed = weights.embed
         self.norm = weights.norm
-        self.lm_head = Linear(weights.lm_head)
-        self.layers = [_Layer(w, cfg) for w in weights.layers]
+        self.lm_head = Linear(weights.lm_head, int8_activations=int8_activations)
+        self.layers = [_Layer(w, cfg, int8_activations) for w in weights.layers]
         self.scale = cfg.head_dim**-0.5
         # cos/sin tables [max_position, D], computed in float32 as HF does, then cast.
         inv_freq = cfg.rope.inv_freq(cfg.head_dim)

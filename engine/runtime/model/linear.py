@@ -3,8 +3,10 @@
 CPU, float32, in order of preference, each checked once against ``F.linear`` on a probe:
 
 - a weight kept in a GGUF block format (``blocks.py``): kvgate's block GEMM
-  (``engine/runtime/kernels/cpu/qgemm.py``), which reads the blocks as stored; where it cannot
-  run, the weight is dequantized and takes the float32 paths below;
+  (``engine/runtime/kernels/cpu/qgemm.py``), which reads the blocks as stored, with float32
+  activations or (``int8_activations``) activations rounded to int8 per block of 32, checked
+  within that rounding's bound; where it cannot run, the weight is dequantized and takes the
+  float32 paths below;
 - x86 with AVX-512 or AVX2: kvgate's packed-panel GEMM (``engine/runtime/kernels/cpu/gemm.py``);
 - oneDNN's prepacked linear (the one torch's CPU compiler uses);
 - ``F.linear``, which goes through MKL's transposed-B path: slower at every row count measured
@@ -31,10 +33,15 @@ MatMul = Callable[[torch.Tensor], torch.Tensor]  # x [m, in] -> [m, out]
 
 
 def _agrees(
-    fn: MatMul, weight: torch.Tensor, bias: torch.Tensor | None, outputs: int | None = None
+    fn: MatMul,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    outputs: int | None = None,
+    rounding: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> bool:
     """``fn`` gives ``F.linear``'s answer on a probe (its first ``outputs`` columns, when given:
-    ``weight`` holds only those rows)."""
+    ``weight`` holds only those rows), within ``rounding(x, weight)`` more where ``fn`` rounds
+    its input."""
     probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0))
     try:
         got = fn(probe)[:, :outputs]
@@ -43,7 +50,8 @@ def _agrees(
     want = F.linear(probe, weight, None if bias is None else bias[:outputs])
     # float32 rounding of a K-term dot product grows with the magnitude of its terms
     scale = F.linear(probe.abs(), weight.abs()).clamp_min(1.0)
-    return bool(((got - want).abs() <= 1e-5 * scale).all())
+    allowed = 1e-5 * scale + (0.0 if rounding is None else rounding(probe, weight))
+    return bool(((got - want).abs() <= allowed).all())
 
 
 def _panel_gemm(weight: torch.Tensor, bias: torch.Tensor | None) -> MatMul | None:
@@ -67,22 +75,29 @@ def _onednn(weight: torch.Tensor, bias: torch.Tensor | None) -> MatMul | None:
 
 
 def _block_matmul(
-    weight: BlockWeight, bias: torch.Tensor | None
+    weight: BlockWeight, bias: torch.Tensor | None, int8: bool
 ) -> tuple[MatMul, qgemm.PackedBlocks] | None:
     kernel = qgemm.load()
     if kernel is None or weight.device.type != "cpu":
         return None
     if weight.m is None:
-        packed = kernel.pack_q8_0(weight.q, weight.d)
+        packed = kernel.pack_q8_0(weight.q, weight.d, int8=int8)
     else:
-        packed = kernel.pack_q4_1(weight.q, weight.d, weight.m)
+        packed = kernel.pack_q4_1(weight.q, weight.d, weight.m, int8=int8)
     bias = None if bias is None else bias.contiguous()
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         return kernel.matmul(x, packed, bias)
 
     probe_rows = torch.arange(min(PROBE_OUTPUTS, weight.shape[0]))
-    agrees = _agrees(fn, weight.dequantize(probe_rows), bias, len(probe_rows))
+    scaled = weight.dequantize(probe_rows, offset=False)
+
+    def rounding(x: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+        return qgemm.int8_error_bound(x, scaled)
+
+    agrees = _agrees(
+        fn, weight.dequantize(probe_rows), bias, len(probe_rows), rounding if int8 else None
+    )
     return (fn, packed) if agrees else None
 
 
@@ -96,15 +111,20 @@ def _cpu_matmul(weight: torch.Tensor, bias: torch.Tensor | None) -> MatMul | Non
 
 class Linear:
     def __init__(
-        self, weight: torch.Tensor | BlockWeight, bias: torch.Tensor | None = None
+        self,
+        weight: torch.Tensor | BlockWeight,
+        bias: torch.Tensor | None = None,
+        *,
+        int8_activations: bool = False,
     ) -> None:
+        """``int8_activations``: a weight in blocks takes the int8-activation kernel."""
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.matmul: MatMul | None = None  # a packed CPU path
         # the block GEMM's packed weight, where that is the path (the fused CPU layers read it)
         self.blocks: qgemm.PackedBlocks | None = None
         if isinstance(weight, BlockWeight):
-            block = _block_matmul(weight, bias)
+            block = _block_matmul(weight, bias, int8_activations)
             if block is not None:
                 self.matmul, self.blocks = block
                 self.bias = None if bias is None else bias.contiguous()

@@ -21,7 +21,7 @@ from engine.runtime.kernels.cpu import build, gemm, ops, qgemm
 from engine.runtime.kernels.metadata import AttentionMetadata
 
 SOURCE = Path(__file__).with_name("layers.c")
-_KINDS = {"q4_1": 0, "q8_0": 1}
+_KINDS = {kind: i for i, kind in enumerate(qgemm.KINDS)}  # Kernels.gemm's order
 _i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 
 
@@ -54,8 +54,8 @@ class _Step(ctypes.Structure):
 
 class _Kernels(ctypes.Structure):
     _fields_ = [
-        ("gemm", _ptr * 2), ("rms_norm", _ptr), ("rope_store_kv", _ptr), ("silu_mul", _ptr),
-        ("attention", _ptr), ("parallel", _ptr),
+        ("gemm", _ptr * len(qgemm.KINDS)), ("rms_norm", _ptr), ("rope_store_kv", _ptr),
+        ("silu_mul", _ptr), ("attention", _ptr), ("parallel", _ptr),
     ]  # fmt: skip
 
 
@@ -174,8 +174,8 @@ def _kernels(isa: str) -> tuple[ctypes.CDLL, _Kernels] | None:
         return None
     lib.kvgate_decoder_layers.restype = ctypes.c_int
     lib.kvgate_decoder_layers.argtypes = [ctypes.POINTER(_Layer), _i64, _ptr, _ptr]
-    q, at = blocks.lib, build.function_address
-    gemms = (_ptr * 2)(at(q, "kvgate_q4_1_gemm_threads"), at(q, "kvgate_q8_0_gemm_threads"))
+    at = build.function_address
+    gemms = (_ptr * len(qgemm.KINDS))(*blocks.functions)
     kernels = _Kernels(
         gemms, at(c.lib, "kvgate_rms_norm"), at(c.lib, "kvgate_rope_store_kv"),
         at(c.lib, "kvgate_silu_mul"), at(c.attn, "kvgate_paged_attention"), c.parallel,

@@ -1,17 +1,26 @@
-"""GEMM over weights kept in GGUF's Q4_1 and Q8_0 block formats (``qgemm.c``: AVX-512, or AVX2 +
-FMA + F16C), built on first use like ``gemm.py``.
+"""GEMM over weights kept in GGUF's Q4_1 and Q8_0 block formats, built on first use like
+``gemm.py`` (AVX-512, or AVX2 + FMA + F16C).
 
 ``y = x @ W.T + b`` with float32 ``x`` and ``y``: the weight stays 5 (Q4_1) or 8.5 (Q8_0) bits a
-weight in memory and is widened in registers, so a decode step reads a sixth to a quarter of the
-bytes the float32 GEMM reads. Block sums are scaled once per block of 32 (``qgemm.c``), the same
-order for any row count, thread count and ISA. :func:`load` gives None where it cannot run (other
-CPUs, no compiler, ``KVGATE_CPU_GEMM=0``); callers then dequantize to float32.
+weight in memory, so a decode step reads a sixth to a quarter of the bytes the float32 GEMM
+reads. Two kernels, by the activations' precision (the ``int8`` flag of ``pack_*``):
+
+- float32 (``qgemm.c``): the weight is widened in registers; the sums are float32 products of
+  the stored weights, scaled once per block of 32;
+- int8 (``q8gemm.c``): each row of ``x`` is quantized per block of 32 (as llama.cpp does), so a
+  block's dot product is an exact integer sum at four multiply-adds an instruction; the error is
+  the rounding of ``x``, at most ``max|x| / 254`` an input (:func:`int8_error_bound`).
+
+Both run every sum in the same order for any row count, thread count and ISA. :func:`load`
+gives None where they cannot run (other CPUs, no compiler, ``KVGATE_CPU_GEMM=0``); callers then
+dequantize to float32.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +29,12 @@ import torch
 from engine.runtime.kernels.cpu import build, gemm
 
 SOURCE = Path(__file__).with_name("qgemm.c")
+Q8_SOURCE = Path(__file__).with_name("q8gemm.c")
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma", "-mf16c"), "avx2": ("-mavx2", "-mfma", "-mf16c")}
+# torch's AVX512 capability (gemm.best_isa) includes BW, which the int8 kernel's byte ops need
+Q8_ISA_FLAGS = {**ISA_FLAGS, "avx512": ("-mavx512f", "-mavx512bw", "-mfma", "-mf16c")}
+Q4_1, Q8_0, Q4_1_INT8, Q8_0_INT8 = "q4_1", "q8_0", "q4_1/int8", "q8_0/int8"
+KINDS = (Q4_1, Q8_0, Q4_1_INT8, Q8_0_INT8)  # the C functions' order in ``QuantGemm.functions``
 QBLOCK = 32  # weights per block along the input dimension
 _MIN_SPLIT_MACS = 1 << 20
 
@@ -29,7 +43,7 @@ _MIN_SPLIT_MACS = 1 << 20
 class PackedBlocks:
     """A weight in the kernel's panel layout (``qgemm.c``'s header)."""
 
-    kind: str  # "q4_1" | "q8_0"
+    kind: str  # one of KINDS: the weight's format and the activations' precision
     qs: torch.Tensor  # uint8 nibble pairs (q4_1) or int8 (q8_0) panels
     scales: torch.Tensor  # float16 panels: d and m (q4_1) or d (q8_0)
     n: int
@@ -43,31 +57,52 @@ class PackedBlocks:
 @dataclass(frozen=True)
 class QuantGemm:
     lib: ctypes.CDLL
+    q8: ctypes.CDLL  # the int8-activation kernel
     isa: str
-    panel: int  # outputs per panel: two vectors
+    panel: int  # outputs per panel: two vectors (the same in both kernels)
 
     @property
     def parallel_for(self) -> int:
         """The address of ``kvgate_parallel_for`` (its thread pool), for other C kernels."""
         return build.function_address(self.lib, "kvgate_parallel_for")
 
-    def pack_q4_1(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> PackedBlocks:
-        """q [n, k] uint8 in 0..15, d and m [n, k / 32] float16 (weight = d * q + m)."""
+    @property
+    def functions(self) -> tuple[int, ...]:
+        """The addresses of the ``*_gemm_threads`` functions, in the order of KINDS."""
+        names = (
+            (self.lib, "kvgate_q4_1_gemm_threads"), (self.lib, "kvgate_q8_0_gemm_threads"),
+            (self.q8, "kvgate_q4_1_q8_gemm_threads"), (self.q8, "kvgate_q8_0_q8_gemm_threads"),
+        )  # fmt: skip
+        return tuple(build.function_address(lib, name) for lib, name in names)
+
+    def pack_q4_1(
+        self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, *, int8: bool = False
+    ) -> PackedBlocks:
+        """q [n, k] uint8 in 0..15, d and m [n, k / 32] float16 (weight = d * q + m); ``int8``:
+        for the int8-activation kernel (``q8gemm.c``'s layout)."""
         n, k = _check_blocks(q, d, torch.uint8)
         p, half = -(-n // self.panel), self.panel // 2
-        panels = _pad(q, p * self.panel).view(p, self.panel, k // QBLOCK, QBLOCK)
-        panels = panels.permute(0, 2, 3, 1)  # [panels, blocks, 32, panel]
-        qs = (panels[..., :half] | (panels[..., half:] << 4)).contiguous()
+        padded = _pad(q, p * self.panel)
+        if int8:  # [panels, blocks, 4 parts, panel, 2 halves, 4]: a byte holds both halves
+            parts = padded.view(p, self.panel, k // QBLOCK, 4, 2, 4).permute(0, 2, 3, 1, 4, 5)
+            qs = (parts[..., 0, :] | (parts[..., 1, :] << 4)).contiguous()
+        else:  # [panels, blocks, 32, panel]: a byte holds two outputs
+            panels = padded.view(p, self.panel, k // QBLOCK, QBLOCK).permute(0, 2, 3, 1)
+            qs = (panels[..., :half] | (panels[..., half:] << 4)).contiguous()
         scales = torch.stack((self._scale_panels(d, p), self._scale_panels(m, p)), dim=2)
-        return PackedBlocks("q4_1", qs, scales.contiguous(), n, k)
+        return PackedBlocks(Q4_1_INT8 if int8 else Q4_1, qs, scales.contiguous(), n, k)
 
-    def pack_q8_0(self, q: torch.Tensor, d: torch.Tensor) -> PackedBlocks:
-        """q [n, k] int8, d [n, k / 32] float16 (weight = d * q)."""
+    def pack_q8_0(self, q: torch.Tensor, d: torch.Tensor, *, int8: bool = False) -> PackedBlocks:
+        """q [n, k] int8, d [n, k / 32] float16 (weight = d * q); ``int8`` as in pack_q4_1."""
         n, k = _check_blocks(q, d, torch.int8)
         p = -(-n // self.panel)
-        panels = _pad(q, p * self.panel).view(p, self.panel, k // QBLOCK, QBLOCK)
-        qs = panels.permute(0, 2, 3, 1).contiguous()
-        return PackedBlocks("q8_0", qs, self._scale_panels(d, p).contiguous(), n, k)
+        padded = _pad(q, p * self.panel)
+        if int8:  # [panels, blocks, 8 parts, panel, 4]
+            qs = padded.view(p, self.panel, k // QBLOCK, 8, 4).permute(0, 2, 3, 1, 4)
+        else:  # [panels, blocks, 32, panel]
+            qs = padded.view(p, self.panel, k // QBLOCK, QBLOCK).permute(0, 2, 3, 1)
+        scales = self._scale_panels(d, p).contiguous()
+        return PackedBlocks(Q8_0_INT8 if int8 else Q8_0, qs.contiguous(), scales, n, k)
 
     def _scale_panels(self, s: torch.Tensor, panels: int) -> torch.Tensor:
         return _pad(s, panels * self.panel).view(panels, self.panel, -1).transpose(1, 2)
@@ -80,8 +115,7 @@ class QuantGemm:
         out = x.new_empty(m, w.n)
         if m == 0:
             return out
-        lib = self.lib
-        fn = lib.kvgate_q4_1_gemm_threads if w.kind == "q4_1" else lib.kvgate_q8_0_gemm_threads
+        fn = _call(self, w.kind)
         threads = torch.get_num_threads() if m * w.n * w.k >= _MIN_SPLIT_MACS else 1
         status = fn(
             x.data_ptr(), m, w.k, w.qs.data_ptr(), w.scales.data_ptr(), w.n,
@@ -90,6 +124,25 @@ class QuantGemm:
         if status != 0:
             raise MemoryError("qgemm: no memory for the block sums of x")
         return out
+
+
+def int8_error_bound(x: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
+    """The most the int8 kernel's ``x @ W.T`` [m, n] can differ from exact products of the
+    same weights: each input rounds by at most half its block's step ``max|x| / 127`` and meets
+    ``scaled`` = d * q [n, k] (Q4_1's offset m meets the exact block sum of x), so a block errs
+    by at most ``max|x| / 254 * sum|d * q|``."""
+    m, k = x.shape
+    half_step = x.abs().view(m, k // QBLOCK, QBLOCK).amax(-1) / 254.0
+    weight = scaled.abs().view(scaled.shape[0], k // QBLOCK, QBLOCK).sum(-1)
+    return half_step @ weight.T
+
+
+def _call(kernel: QuantGemm, kind: str) -> Callable[..., int]:
+    """The C function for a packed weight of ``kind``."""
+    lib = kernel.q8 if kind in (Q4_1_INT8, Q8_0_INT8) else kernel.lib
+    name = kind.replace("/int8", "_q8")
+    fn: Callable[..., int] = getattr(lib, f"kvgate_{name}_gemm_threads")
+    return fn
 
 
 def _pad(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -125,14 +178,23 @@ def _check_call(x: torch.Tensor, w: PackedBlocks, bias: torch.Tensor | None) -> 
 @functools.cache
 def _load(isa: str) -> QuantGemm | None:
     lib = build.load_library(SOURCE, isa, ISA_FLAGS[isa])
-    if lib is None:
+    q8 = build.load_library(Q8_SOURCE, isa, Q8_ISA_FLAGS[isa])
+    if lib is None or q8 is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    for fn in (lib.kvgate_q4_1_gemm_threads, lib.kvgate_q8_0_gemm_threads):
+    for fn in (
+        lib.kvgate_q4_1_gemm_threads, lib.kvgate_q8_0_gemm_threads,
+        q8.kvgate_q4_1_q8_gemm_threads, q8.kvgate_q8_0_q8_gemm_threads,
+    ):  # fmt: skip
         fn.restype = ctypes.c_int
         fn.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ctypes.c_int]
-    lib.kvgate_qgemm_panel.restype = ctypes.c_int
-    return QuantGemm(lib, isa, lib.kvgate_qgemm_panel())
+    lib.kvgate_qgemm_panel.restype = q8.kvgate_q8gemm_panel.restype = ctypes.c_int
+    panel = lib.kvgate_qgemm_panel()
+    if q8.kvgate_q8gemm_panel() != panel:
+        raise RuntimeError(f"qgemm.c and q8gemm.c disagree on the panel width ({isa})")
+    q8.kvgate_q8gemm_use_pool.argtypes = [ptr]
+    q8.kvgate_q8gemm_use_pool(build.function_address(lib, "kvgate_parallel_for"))
+    return QuantGemm(lib, q8, isa, panel)
 
 
 def load(isa: str | None = None) -> QuantGemm | None:

@@ -1,0 +1,309 @@
+/* y[m, n] = x[m, k] . W[n, k]^T (+ bias), W in GGUF's Q4_1 or Q8_0 blocks and x quantized to
+ * int8 per block of 32 (x ~ dx * qx with dx = max|x| / 127, qx rounded to nearest), as llama.cpp
+ * computes on a CPU: each block's dot product is an exact integer sum (u8 x s8 pairs, maddubs),
+ * scaled once in float32:
+ *   Q4_1  y = sum over blocks of  (dw * dx) * (qw . qx) + mw * sum(x)   (sum(x) in float32)
+ *   Q8_0  y = sum over blocks of  (dw * dx) * (qw . qx)
+ * Four multiply-adds an instruction where qgemm.c's float32 path does one, and no widening of the
+ * weights: what a prefill chunk's GEMMs are bound by. The error is x's rounding, at most dx / 2 an
+ * input (linear.py checks each weight against that bound).
+ *
+ * The weights are packed by qgemm.py's ``pack_*_q8``: a vector lane is an output and holds 4
+ * consecutive inputs' bytes (PANEL = 2 * VW outputs a panel):
+ *   Q4_1  qs [panels][blocks][4][PANEL][4]: byte j of output o in part c holds input 8c + j (low
+ *         nibble) and 8c + 4 + j (high); dm as qgemm.c's ([panels][blocks][2][PANEL] float16).
+ *   Q8_0  qs [panels][blocks][8][PANEL][4] int8: input 4c + j;  d as qgemm.c's.
+ * Integer sums are exact and every float32 operation runs in block order per row, so a row's
+ * result depends on neither its batch, the thread count nor the ISA build.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+typedef __m512 vec;
+typedef __m512i ivec;
+#define VW 16
+#define GROUP 6
+#define vload _mm512_loadu_ps
+#define vstore _mm512_storeu_ps
+#define vset1 _mm512_set1_ps
+#define vzero _mm512_setzero_ps
+#define vfma _mm512_fmadd_ps
+#define vadd _mm512_add_ps
+#define vmul _mm512_mul_ps
+#define vhalf(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define iload(p) _mm512_loadu_si512((const void *)(p))
+#define iset1 _mm512_set1_epi32
+#define izero _mm512_setzero_si512
+#define iset1_8 _mm512_set1_epi8
+#define iset1_16 _mm512_set1_epi16
+#define iand _mm512_and_si512
+#define isrl16 _mm512_srli_epi16
+#define iadd16 _mm512_add_epi16
+#define iadd32 _mm512_add_epi32
+#define imaddubs _mm512_maddubs_epi16
+#define imadd _mm512_madd_epi16
+#define iabs8 _mm512_abs_epi8
+/* x negated where w < 0 (where w == 0 the product is 0 either way) */
+#define isign8(x, w) _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), izero(), x)
+#define vint _mm512_cvtepi32_ps
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+typedef __m256 vec;
+typedef __m256i ivec;
+#define VW 8
+#define GROUP 3
+#define vload _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
+#define vset1 _mm256_set1_ps
+#define vzero _mm256_setzero_ps
+#define vfma _mm256_fmadd_ps
+#define vadd _mm256_add_ps
+#define vmul _mm256_mul_ps
+#define vhalf(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define iload(p) _mm256_loadu_si256((const __m256i *)(p))
+#define iset1 _mm256_set1_epi32
+#define izero _mm256_setzero_si256
+#define iset1_8 _mm256_set1_epi8
+#define iset1_16 _mm256_set1_epi16
+#define iand _mm256_and_si256
+#define isrl16 _mm256_srli_epi16
+#define iadd16 _mm256_add_epi16
+#define iadd32 _mm256_add_epi32
+#define imaddubs _mm256_maddubs_epi16
+#define imadd _mm256_madd_epi16
+#define iabs8 _mm256_abs_epi8
+#define isign8 _mm256_sign_epi8
+#define vint _mm256_cvtepi32_ps
+#else
+#error "q8gemm.c needs AVX-512F + BW, or AVX2 with FMA and F16C"
+#endif
+
+#define PANEL (2 * VW)
+#define QBLOCK 32
+#define ROWBLOCK 128 /* rows of x kept in cache while every panel streams past them */
+
+int kvgate_q8gemm_panel(void) { return PANEL; }
+
+/* x's rows quantized: qx [m][k] int8, dx [m][k / 32] and (Q4_1) xsum [m][k / 32], the block's
+ * float32 sum in index order. */
+typedef struct {
+  int8_t *qx;
+  float *dx, *xsum;
+} Quantized;
+
+static void quantize_rows(const float *x, int64_t m, int64_t k, const Quantized *q) {
+  const int64_t blocks = k / QBLOCK;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float *xb = x + r * k + b * QBLOCK;
+      float amax = 0.0f, sum = 0.0f;
+      for (int i = 0; i < QBLOCK; ++i) {
+        const float a = xb[i] < 0.0f ? -xb[i] : xb[i];
+        amax = a > amax ? a : amax;
+        sum += xb[i];
+      }
+      const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int8_t *qb = q->qx + r * k + b * QBLOCK;
+      for (int i = 0; i < QBLOCK; ++i) qb[i] = (int8_t)_mm_cvtss_si32(_mm_set_ss(xb[i] * id));
+      q->dx[r * blocks + b] = d;
+      if (q->xsum) q->xsum[r * blocks + b] = sum;
+    }
+}
+
+/* The outputs of one group of rows for one panel, stored (plus bias) into y. */
+static inline __attribute__((always_inline)) void store_group(
+    const int rows, vec *lo, vec *hi, float *y, const int64_t n, const int64_t cols,
+    const float *bias) {
+  if (cols == PANEL) {
+    const vec b_lo = bias ? vload(bias) : vzero();
+    const vec b_hi = bias ? vload(bias + VW) : vzero();
+    for (int r = 0; r < rows; ++r) {
+      vstore(y + r * n, vadd(b_lo, lo[r]));
+      vstore(y + r * n + VW, vadd(b_hi, hi[r]));
+    }
+    return;
+  }
+  float sums[PANEL];
+  for (int r = 0; r < rows; ++r) {
+    vstore(sums, lo[r]);
+    vstore(sums + VW, hi[r]);
+    for (int64_t c = 0; c < cols; ++c) y[r * n + c] = (bias ? bias[c] : 0.0f) + sums[c];
+  }
+}
+
+/* 4 bytes of a row of qx, broadcast to every lane */
+static inline ivec quad(const int8_t *p) {
+  int32_t v;
+  memcpy(&v, p, sizeof v);
+  return iset1(v);
+}
+
+/* Each 16-bit lane of a block's sum takes 16 products of at most 15 * 127: no overflow. */
+static inline __attribute__((always_inline)) void q4_1_group(
+    const int rows, const Quantized *x, const int64_t k, const uint8_t *qs, const uint16_t *dm,
+    float *y, const int64_t n, const int64_t cols, const float *bias) {
+  const int64_t blocks = k / QBLOCK;
+  const ivec nibble = iset1_8(15), ones = iset1_16(1);
+  vec lo[GROUP], hi[GROUP];
+  for (int r = 0; r < rows; ++r) lo[r] = hi[r] = vzero();
+  for (int64_t b = 0; b < blocks; ++b) {
+    ivec slo[GROUP], shi[GROUP];
+    for (int r = 0; r < rows; ++r) slo[r] = shi[r] = izero();
+    const uint8_t *q = qs + b * 4 * PANEL * 4;
+    for (int c = 0; c < 4; ++c) {
+      const ivec wl = iload(q + c * PANEL * 4), wh = iload(q + c * PANEL * 4 + VW * 4);
+      const ivec l0 = iand(wl, nibble), l1 = iand(isrl16(wl, 4), nibble);
+      const ivec h0 = iand(wh, nibble), h1 = iand(isrl16(wh, 4), nibble);
+      for (int r = 0; r < rows; ++r) {
+        const int8_t *xq = x->qx + r * k + b * QBLOCK + 8 * c;
+        const ivec x0 = quad(xq), x1 = quad(xq + 4);
+        slo[r] = iadd16(slo[r], iadd16(imaddubs(l0, x0), imaddubs(l1, x1)));
+        shi[r] = iadd16(shi[r], iadd16(imaddubs(h0, x0), imaddubs(h1, x1)));
+      }
+    }
+    const uint16_t *s = dm + b * 2 * PANEL;
+    const vec d_lo = vhalf(s), d_hi = vhalf(s + VW);
+    const vec m_lo = vhalf(s + PANEL), m_hi = vhalf(s + PANEL + VW);
+    for (int r = 0; r < rows; ++r) {
+      const vec dx = vset1(x->dx[r * blocks + b]), xs = vset1(x->xsum[r * blocks + b]);
+      const vec sum_lo = vint(imadd(slo[r], ones)), sum_hi = vint(imadd(shi[r], ones));
+      lo[r] = vfma(m_lo, xs, vfma(vmul(d_lo, dx), sum_lo, lo[r]));
+      hi[r] = vfma(m_hi, xs, vfma(vmul(d_hi, dx), sum_hi, hi[r]));
+    }
+  }
+  store_group(rows, lo, hi, y, n, cols, bias);
+}
+
+/* Signed weights: |w| (unsigned) times x with w's sign; a 16-bit lane holds 2 products of at
+ * most 128 * 127, so each part goes to 32 bits at once. */
+static inline __attribute__((always_inline)) void q8_0_group(
+    const int rows, const Quantized *x, const int64_t k, const int8_t *qs, const uint16_t *d,
+    float *y, const int64_t n, const int64_t cols, const float *bias) {
+  const int64_t blocks = k / QBLOCK;
+  const ivec ones = iset1_16(1);
+  vec lo[GROUP], hi[GROUP];
+  for (int r = 0; r < rows; ++r) lo[r] = hi[r] = vzero();
+  for (int64_t b = 0; b < blocks; ++b) {
+    ivec slo[GROUP], shi[GROUP];
+    for (int r = 0; r < rows; ++r) slo[r] = shi[r] = izero();
+    const int8_t *q = qs + b * 8 * PANEL * 4;
+    for (int c = 0; c < 8; ++c) {
+      const ivec wl = iload(q + c * PANEL * 4), wh = iload(q + c * PANEL * 4 + VW * 4);
+      const ivec al = iabs8(wl), ah = iabs8(wh);
+      for (int r = 0; r < rows; ++r) {
+        const ivec xv = quad(x->qx + r * k + b * QBLOCK + 4 * c);
+        slo[r] = iadd32(slo[r], imadd(imaddubs(al, isign8(xv, wl)), ones));
+        shi[r] = iadd32(shi[r], imadd(imaddubs(ah, isign8(xv, wh)), ones));
+      }
+    }
+    const vec d_lo = vhalf(d + b * PANEL), d_hi = vhalf(d + b * PANEL + VW);
+    for (int r = 0; r < rows; ++r) {
+      const vec dx = vset1(x->dx[r * blocks + b]);
+      lo[r] = vfma(vmul(d_lo, dx), vint(slo[r]), lo[r]);
+      hi[r] = vfma(vmul(d_hi, dx), vint(shi[r]), hi[r]);
+    }
+  }
+  store_group(rows, lo, hi, y, n, cols, bias);
+}
+
+#define GROUP_CASE(R, CALL) \
+  case R:                   \
+    CALL;                   \
+    break;
+
+#if GROUP > 3
+#define GROUP_SWITCH(rows, CALL)                                                        \
+  switch (rows) {                                                                       \
+    GROUP_CASE(1, CALL(1)) GROUP_CASE(2, CALL(2)) GROUP_CASE(3, CALL(3))                \
+    GROUP_CASE(4, CALL(4)) GROUP_CASE(5, CALL(5)) GROUP_CASE(6, CALL(6))                \
+  }
+#else
+#define GROUP_SWITCH(rows, CALL) \
+  switch (rows) { GROUP_CASE(1, CALL(1)) GROUP_CASE(2, CALL(2)) GROUP_CASE(3, CALL(3)) }
+#endif
+
+#define Q4_CALL(R) q4_1_group(R, &xr, k, (const uint8_t *)q, sc, yr, n, cols, b)
+#define Q8_CALL(R) q8_0_group(R, &xr, k, (const int8_t *)q, sc, yr, n, cols, b)
+
+/* Panels [p0, p1) over quantized rows (``x->xsum`` NULL: Q8_0). */
+static void block_gemm(const Quantized *x, int64_t m, int64_t k, const void *qs,
+                       const uint16_t *scales, int64_t n, const float *bias, float *out,
+                       int64_t p0, int64_t p1) {
+  const int64_t blocks = k / QBLOCK, q4 = x->xsum != 0;
+  const int64_t q_panel = k * (q4 ? PANEL / 2 : PANEL);
+  const int64_t s_panel = blocks * (q4 ? 2 * PANEL : PANEL);
+  for (int64_t rb = 0; rb < m; rb += ROWBLOCK) {
+    const int64_t rb_end = m - rb < ROWBLOCK ? m : rb + ROWBLOCK;
+    const int64_t groups = (rb_end - rb + GROUP - 1) / GROUP;
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint8_t *q = (const uint8_t *)qs + p * q_panel;
+      const uint16_t *sc = scales + p * s_panel;
+      const int64_t col0 = p * PANEL;
+      const int64_t cols = n - col0 < PANEL ? n - col0 : PANEL;
+      const float *b = bias ? bias + col0 : 0;
+      for (int64_t g = 0, r0 = rb; g < groups; ++g) {
+        const int64_t left = rb_end - r0, rows = (left + groups - g - 1) / (groups - g);
+        const Quantized xr = {x->qx + r0 * k, x->dx + r0 * blocks,
+                              q4 ? x->xsum + r0 * blocks : 0};
+        float *yr = out + r0 * n + col0;
+        if (q4) GROUP_SWITCH(rows, Q4_CALL)
+        else GROUP_SWITCH(rows, Q8_CALL)
+        r0 += rows;
+      }
+    }
+  }
+}
+
+/* ---- Calls, split over panels on qgemm.c's thread pool (its kvgate_parallel_for) ---- */
+
+typedef int (*task_fn)(const void *ctx, int64_t p0, int64_t p1);
+typedef int (*parallel_fn)(task_fn fn, const void *ctx, int64_t items, int threads);
+
+static parallel_fn parallel; /* set once by kvgate_q8gemm_use_pool before any call */
+
+void kvgate_q8gemm_use_pool(parallel_fn fn) { parallel = fn; }
+
+typedef struct {
+  Quantized x;
+  const float *bias;
+  float *out;
+  const void *qs;
+  const uint16_t *scales;
+  int64_t m, k, n;
+} GemmCall;
+
+static int panels_task(const void *ctx, int64_t p0, int64_t p1) {
+  const GemmCall *c = ctx;
+  block_gemm(&c->x, c->m, c->k, c->qs, c->scales, c->n, c->bias, c->out, p0, p1);
+  return 0;
+}
+
+static int gemm(const float *x, int64_t m, int64_t k, const void *qs, const uint16_t *scales,
+                int64_t n, const float *bias, float *out, int64_t panels, int threads, int q4) {
+  const int64_t blocks = k / QBLOCK;
+  void *scratch = malloc((size_t)(m * k) + sizeof(float) * (size_t)(2 * m * blocks));
+  if (!scratch) return -1;
+  float *dx = scratch;
+  const Quantized q = {(int8_t *)(dx + 2 * m * blocks), dx, q4 ? dx + m * blocks : 0};
+  quantize_rows(x, m, k, &q);
+  const GemmCall c = {q, bias, out, qs, scales, m, k, n};
+  const int status = parallel ? parallel(panels_task, &c, panels, threads)
+                              : panels_task(&c, 0, panels);
+  free(scratch);
+  return status;
+}
+
+/* The signature of qgemm.c's kvgate_*_gemm_threads. Returns 0, or -1 without memory. */
+int kvgate_q4_1_q8_gemm_threads(const float *x, int64_t m, int64_t k, const uint8_t *qs,
+                                const uint16_t *dm, int64_t n, const float *bias, float *out,
+                                int64_t panels, int threads) {
+  return gemm(x, m, k, qs, dm, n, bias, out, panels, threads, 1);
+}
+
+int kvgate_q8_0_q8_gemm_threads(const float *x, int64_t m, int64_t k, const int8_t *qs,
+                                const uint16_t *d, int64_t n, const float *bias, float *out,
+                                int64_t panels, int threads) {
+  return gemm(x, m, k, qs, d, n, bias, out, panels, threads, 0);
+}
