@@ -92,9 +92,9 @@ def _model(given: Path | None) -> Path:
     return ensure_default_model(Path.home() / ".cache" / "kvgate" / "models", log=print)
 
 
-def _side(command: list[str], spec: Spec) -> dict[str, float]:
+def _side(command: list[str], spec: Spec, *extra: str) -> dict[str, float]:
     done = subprocess.run(
-        [*command, json.dumps(spec.to_json())], capture_output=True, text=True, check=False
+        [*command, json.dumps(spec.to_json()), *extra], capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
         raise RuntimeError(f"{command[-1]} failed:\n{done.stderr[-3000:]}")
@@ -127,12 +127,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     kvgate_cmd = [sys.executable, "-m", "bench.cpu_side"]
     peer_cmd = [str(peer), str(PEER_SCRIPT)]
-    ours, theirs = [], []
+    ours, rounded, theirs = [], [], []
     for i in range(args.repeats):
         ours.append(_side(kvgate_cmd, spec))
+        rounded.append(_side(kvgate_cmd, spec, "blocks-int8"))
         theirs.append(_side(peer_cmd, spec))
-        print(f"repeat {i + 1}: kvgate {ours[-1]}\n          llama.cpp {theirs[-1]}", flush=True)
-    k, p = _summary(ours), _summary(theirs)
+        print(
+            f"repeat {i + 1}: kvgate {ours[-1]}\n          kvgate int8 {rounded[-1]}"
+            f"\n          llama.cpp {theirs[-1]}",
+            flush=True,
+        )
+    k, k8, p = _summary(ours), _summary(rounded), _summary(theirs)
     return {
         "config": {
             "model": model.name,
@@ -146,24 +151,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "cpu": platform.processor() or platform.machine(),
             "isa": _isa(),
         },
+        # kvgate: the default (float32 activations); kvgate_int8: KVGATE_WEIGHTS=blocks-int8,
+        # activations rounded to int8 per block of 32 as llama.cpp rounds them
         "kvgate": k,
+        "kvgate_int8": k8,
         "llama_cpp": p,
-        "runs": {"kvgate": ours, "llama_cpp": theirs},
-        "ratios": {
-            "ttft_llama_over_kvgate": p["ttft_s"]["median"] / k["ttft_s"]["median"],
-            "decode_kvgate_over_llama": k["decode_tok_s"]["median"] / p["decode_tok_s"]["median"],
-            "aggregate_kvgate_over_llama_single": k["aggregate_tok_s"]["median"]
-            / p["decode_tok_s"]["median"],
-            "rss_over_gguf": k["rss_mb"]["median"] * 2**20 / model.stat().st_size,
-        },
+        "runs": {"kvgate": ours, "kvgate_int8": rounded, "llama_cpp": theirs},
+        "ratios": _ratios(k, p, model),
+        "ratios_int8": _ratios(k8, p, model),
+    }
+
+
+def _ratios(
+    k: dict[str, dict[str, float]], p: dict[str, dict[str, float]], model: Path
+) -> dict[str, float]:
+    return {
+        "ttft_llama_over_kvgate": p["ttft_s"]["median"] / k["ttft_s"]["median"],
+        "decode_kvgate_over_llama": k["decode_tok_s"]["median"] / p["decode_tok_s"]["median"],
+        "aggregate_kvgate_over_llama_single": k["aggregate_tok_s"]["median"]
+        / p["decode_tok_s"]["median"],
+        "rss_over_gguf": k["rss_mb"]["median"] * 2**20 / model.stat().st_size,
     }
 
 
 def main(argv: Sequence[str]) -> int:
     args = _args(argv)
     result = run(args)
-    print(json.dumps({"config": result["config"], "ratios": result["ratios"]}, indent=2))
-    for side in ("kvgate", "llama_cpp"):
+    summary = {k: result[k] for k in ("config", "ratios", "ratios_int8")}
+    print(json.dumps(summary, indent=2))
+    for side in ("kvgate", "kvgate_int8", "llama_cpp"):
         row = ", ".join(f"{m} {result[side][m]['median']:.3f}" for m in METRICS)
         print(f"{side:>10}: {row}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -177,23 +193,31 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     """kvgate / llama.cpp per figure (higher is better: TTFT and start-up as llama.cpp / kvgate)."""
     from bench.plots import grouped_bars
 
-    k, p = result["kvgate"], result["llama_cpp"]
     med = {
-        side: {m: v["median"] for m, v in figures.items()} for side, figures in (("k", k), ("p", p))
+        side: {m: v["median"] for m, v in result[side].items()}
+        for side in ("kvgate", "kvgate_int8", "llama_cpp")
     }
+    p = med["llama_cpp"]
     groups = ["TTFT new turn", "decode, 1 conversation", "8 conversations", "start-up"]
-    ratios = [
-        med["p"]["ttft_s"] / med["k"]["ttft_s"],
-        med["k"]["decode_tok_s"] / med["p"]["decode_tok_s"],
-        med["k"]["aggregate_tok_s"] / med["p"]["decode_tok_s"],
-        med["p"]["startup_s"] / med["k"]["startup_s"],
-    ]
+
+    def ratios(k: dict[str, float]) -> list[float]:
+        return [
+            p["ttft_s"] / k["ttft_s"],
+            k["decode_tok_s"] / p["decode_tok_s"],
+            k["aggregate_tok_s"] / p["decode_tok_s"],
+            p["startup_s"] / k["startup_s"],
+        ]
+
+    series = {
+        "kvgate (float32 activations)": ratios(med["kvgate"]),
+        "kvgate blocks-int8": ratios(med["kvgate_int8"]),
+    }
     grouped_bars(
         path,
         f"kvgate vs llama.cpp, {result['config']['model']}, {result['config']['threads']} threads "
         f"({result['config']['isa']})",
         groups,
-        {"kvgate advantage (x)": ratios},
+        series,
         "x (above 1: kvgate ahead)",
         hline=1.0,
     )

@@ -1,6 +1,7 @@
 """kvgate's side of ``bench/cpu_peer.py``, run in its own process: ``python -m bench.cpu_side
-SPEC`` prints one JSON line of figures (``Spec`` and the measured figures are shared with
-``bench/llama_side.py``, which reads the same JSON)."""
+SPEC [WEIGHTS]`` prints one JSON line of figures (``Spec`` and the measured figures are shared
+with ``bench/llama_side.py``, which reads the same JSON); WEIGHTS is EngineConfig's ``weights``
+(default auto)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def _decode(engine: Any, prompts: list[list[int]], tokens: int) -> float:
     return counted / (time.perf_counter() - t0)
 
 
-def measure(spec: Spec) -> dict[str, float]:
+def measure(spec: Spec, weights: str = "auto") -> dict[str, float]:
     import torch
 
     from bench.models import read_model_config
@@ -77,7 +78,7 @@ def measure(spec: Spec) -> dict[str, float]:
     start = time.perf_counter()
     cfg = read_model_config(Path(spec.model))
     kv_bytes = KV_TOKENS * 2 * cfg.num_layers * cfg.kv_size * 4  # float32 K and V
-    engine = Engine.from_pretrained(spec.model, kv_cache_bytes=kv_bytes)
+    engine = Engine.from_pretrained(spec.model, kv_cache_bytes=kv_bytes, weights=weights)
     startup = time.perf_counter() - start
     rss = rss_mb() - before - kv_bytes / 2**20
     one = SamplingParams(temperature=0.0, max_tokens=1)
@@ -102,4 +103,4 @@ def measure(spec: Spec) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure(Spec(**json.loads(sys.argv[1])))))
+    print(json.dumps(measure(Spec(**json.loads(sys.argv[1])), *sys.argv[2:3])))

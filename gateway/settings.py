@@ -194,12 +194,12 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_DTYPE", _choice("auto", "float32", "bfloat16", "float16"), "auto", "dtype"),
     Variable(
         "KVGATE_WEIGHTS",
-        _choice("auto", "blocks-f32", "dequantized"),
+        _choice("auto", "blocks-int8", "dequantized"),
         "auto",
         "auto: a GGUF's Q4_1 / Q8_0 weights stay in their blocks on the CPU (kvgate's block "
-        "GEMM), with activations rounded to int8 per block of 32 (as llama.cpp does); "
-        "blocks-f32: the same blocks with float32 activations; dequantized: every weight in "
-        "the engine dtype",
+        "GEMM, float32 activations); blocks-int8: the same blocks with activations rounded to "
+        "int8 per block of 32, as llama.cpp does (faster, less exact); dequantized: every "
+        "weight in the engine dtype",
     ),
     Variable(
         "KVGATE_GPU_MEMORY_UTILIZATION",

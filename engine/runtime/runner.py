@@ -106,7 +106,7 @@ class ModelRunner:
         model = load_model(model_dir, choose_dtype(config.dtype, device), str(device), blocks)
         model_config, dtype, tokenizer = model.config, model.dtype, model.tokenizer
         log.info(describe(device, dtype, config.dtype))
-        int8 = config.weights == "auto"  # int8 activations where a weight is in blocks
+        int8 = config.weights == "blocks-int8"  # int8 activations where a weight is in blocks
         decoder = Decoder(model_config, model.weights, dtype, str(device), int8_activations=int8)
         del model  # the weights as loaded: the decoder holds what it uses
         if device.type == "cpu":

@@ -1,7 +1,14 @@
 """The real default model with its Q4_1 / Q8_0 weights kept in their blocks (the CPU default)
 against the same GGUF dequantized to float32: the first step's logits within a stated tolerance,
 and the same 32 greedy tokens on the test prompts. The weights are identical; only the order of
-the float32 sums differs (per block of 32, then scaled: engine/runtime/kernels/cpu/qgemm.c)."""
+the float32 sums differs (per block of 32, then scaled: engine/runtime/kernels/cpu/qgemm.c).
+
+``weights="blocks-int8"`` rounds every linear's input to int8 per block of 32, as llama.cpp
+does (q8gemm.c). Each linear then errs by 0.4-1% (relative norm, measured on this model), and
+over 30 layers the first step's top-5 log-probabilities moved by up to 0.28 on the test
+prompts; greedy answers agreed with the dequantized model's for 0, 22 and 19 tokens (the first
+prompt's top two tokens are 0.02 apart). Its tolerance is stated below and is the path's
+documented cost; the default keeps float32 activations."""
 
 from __future__ import annotations
 
@@ -23,6 +30,8 @@ PROMPTS = (
 TOKENS = 32
 TOP = 5
 LOGPROB_TOLERANCE = 2e-3  # of each of the first step's top-5 log-probabilities
+INT8_TOP = 20  # blocks-int8: the dequantized model's top 5 are among its top 20 ...
+INT8_LOGPROB_TOLERANCE = 0.5  # ... each within this of its log-probability (0.28 measured)
 
 
 def _engine(gguf: Path, weights: str) -> Engine:
@@ -52,3 +61,26 @@ def test_block_weights_agree_with_the_dequantized_model(default_gguf: Path) -> N
 def _top(entries: tuple[TokenLogprob, ...] | None) -> tuple[tuple[int, float], ...]:
     assert entries is not None and len(entries) == 1
     return entries[0].top
+
+
+@pytest.mark.timeout(600)
+def test_int8_activations_stay_within_their_stated_tolerance(default_gguf: Path) -> None:
+    if qgemm.load() is None:
+        pytest.skip("no block GEMM on this machine")
+    rounded, plain = _engine(default_gguf, "blocks-int8"), _engine(default_gguf, "dequantized")
+    layers = rounded.core.runner.decoder.layers
+    assert {x.qkv.blocks.kind for x in layers if x.qkv.blocks} == {qgemm.Q4_1_INT8}
+    tok = rounded.tokenizer
+    worst = 0.0
+    for question in PROMPTS:
+        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": question}]))
+        got = dict(_first_step(rounded, ids, INT8_TOP))
+        for token, logprob in _first_step(plain, ids, TOP):
+            assert token in got, (question, token)
+            worst = max(worst, abs(got[token] - logprob))
+    assert 1e-3 < worst <= INT8_LOGPROB_TOLERANCE  # rounded, and within the stated cost
+
+
+def _first_step(engine: Engine, ids: list[int], top: int) -> tuple[tuple[int, float], ...]:
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=top)
+    return _top(engine.generate([ids], params)[0].new_logprobs)

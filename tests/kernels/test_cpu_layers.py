@@ -24,10 +24,10 @@ from tests.engine.model.test_gguf_parity import gguf_runner
 
 # (architecture, GGUF type, EngineConfig.weights: float32 or int8 activations)
 CASES = {
-    "qwen2-q4_1": ("qwen2", "Q4_1", "blocks-f32"),
-    "llama-q8_0": ("llama", "Q8_0", "blocks-f32"),
-    "qwen2-q4_1-int8": ("qwen2", "Q4_1", "auto"),
-    "llama-q8_0-int8": ("llama", "Q8_0", "auto"),
+    "qwen2-q4_1": ("qwen2", "Q4_1", "auto"),
+    "llama-q8_0": ("llama", "Q8_0", "auto"),
+    "qwen2-q4_1-int8": ("qwen2", "Q4_1", "blocks-int8"),
+    "llama-q8_0-int8": ("llama", "Q8_0", "blocks-int8"),
 }
 BLOCK = 4
 
@@ -42,7 +42,7 @@ def runner(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     path = write_gguf(tmp / "model.gguf", source, qtype)
     built = gguf_runner(path, BLOCK, num_blocks=96, weights=weights)
     kinds = {w.blocks.kind for w in _linears(built) if w.blocks is not None}
-    assert kinds == {f"{qtype.lower()}/int8" if weights == "auto" else qtype.lower()}
+    assert kinds == {f"{qtype.lower()}/int8" if weights == "blocks-int8" else qtype.lower()}
     return built
 
 

@@ -37,10 +37,9 @@ CASES = {
 
 
 def gguf_runner(
-    path: Path, block_size: int = 4, num_blocks: int = 64, weights: str = "blocks-f32"
+    path: Path, block_size: int = 4, num_blocks: int = 64, weights: str = "auto"
 ) -> ModelRunner:
-    """A runner for ``path``; ``weights`` as EngineConfig's (default: blocks with float32
-    activations, the path that agrees with transformers within TOL)."""
+    """A runner for ``path``; ``weights`` as EngineConfig's."""
     per_block = block_bytes(parse_gguf_config(GGUFFile.open(path)), block_size, torch.float32)
     config = EngineConfig(
         block_size=block_size, kv_cache_bytes=num_blocks * per_block, weights=weights
