@@ -1,4 +1,5 @@
-"""GGUF checkpoints (llama.cpp's format) through the ``gguf`` package's reader.
+"""GGUF checkpoints (llama.cpp's format): read by ``gguf_reader.py``, dequantized with the ``gguf``
+package.
 
 A ``.gguf`` file carries the config (metadata under ``{arch}.*``), the tokenizer and chat template
 (``tokenizer.*``) and the tensors, quantized or not. Every tensor is dequantized once at load time
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 
 from engine.runtime.model.blocks import BLOCK_BYTES, BlockWeight, cat_rows
 from engine.runtime.model.config import (
@@ -31,7 +33,7 @@ from engine.runtime.model.config import (
     check_config,
     resolve_dtype,
 )
-from engine.runtime.model.gguf_layout import check_layout
+from engine.runtime.model.gguf_reader import ByteOrder, TensorInfo, read_layout
 from engine.runtime.model.gguf_tokenizer import gguf_tokenizer
 from engine.runtime.model.weights import LayerWeights, LoadedModel, ModelWeights
 
@@ -54,32 +56,37 @@ def is_gguf(path: str | Path) -> bool:
 
 
 @dataclass(frozen=True)
+class GGUFTensor:
+    """A tensor of an opened GGUF: ``data`` is a read-only view of the memory-mapped file."""
+
+    name: str
+    tensor_type: GGMLQuantizationType
+    shape: tuple[int, ...]  # GGML's order: the innermost dimension first
+    data: np.ndarray
+
+
+@dataclass(frozen=True)
 class GGUFFile:
     """An opened GGUF: metadata values by key, tensors by name."""
 
     path: Path
     metadata: dict[str, Any]
-    tensors: dict[str, Any]  # name -> gguf.ReaderTensor
+    tensors: dict[str, GGUFTensor]
 
     @classmethod
     def open(cls, path: str | Path) -> GGUFFile:
-        """The file's metadata and tensors; ``ModelLoadError`` for anything malformed.
-
-        ``check_layout`` bounds every count, length and offset by the file size first, so the
-        reader (which trusts them) never runs past the end; what the reader still refuses is
-        mapped to ``ModelLoadError`` as well."""
-        from gguf import GGUFReader
-
+        """The file's metadata and tensors; ``ModelLoadError`` for anything malformed (every
+        count, length and offset is bounded by the file size as it is read)."""
         path = Path(path)
         if not is_gguf(path):
             raise ModelLoadError(f"{path}: not a GGUF file")
-        check_layout(path)
+        layout = read_layout(path)
         try:
-            reader = GGUFReader(str(path))
-        except (OSError, ValueError, KeyError, IndexError, OverflowError) as exc:
+            buf = np.memmap(path, mode="r") if layout.tensors else np.empty(0, np.uint8)
+        except (OSError, ValueError) as exc:
             raise ModelLoadError(f"{path}: cannot read GGUF file: {exc}") from exc
-        metadata = {key: _contents(path, key, field) for key, field in reader.fields.items()}
-        return cls(path, metadata, {t.name: t for t in reader.tensors})
+        tensors = {t.name: _tensor(t, buf, layout.byte_order) for t in layout.tensors}
+        return cls(path, layout.metadata, tensors)
 
     @property
     def arch(self) -> str:
@@ -114,14 +121,11 @@ class GGUFFile:
 
     def shape(self, name: str) -> tuple[int, ...]:
         """Row-major (torch) shape: GGML lists dimensions innermost first."""
-        return tuple(int(d) for d in reversed(self.tensors[name].shape.tolist()))
+        return tuple(reversed(self.tensors[name].shape))
 
 
-def _contents(path: Path, key: str, field: Any) -> Any:
-    try:
-        return field.contents()
-    except (ValueError, IndexError) as exc:  # UnicodeDecodeError is a ValueError
-        raise ModelLoadError(f"{path}: metadata {key}: cannot read value: {exc}") from exc
+def _tensor(info: TensorInfo, buf: np.ndarray, byte_order: ByteOrder) -> GGUFTensor:
+    return GGUFTensor(info.name, info.tensor_type, info.shape, info.data(buf, byte_order))
 
 
 def _rope(f: GGUFFile, freq_factors: tuple[float, ...] | None) -> RopeConfig:

@@ -9,13 +9,15 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
+from gguf import GGUFReader
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from engine.runtime.model.config import ModelLoadError
 from engine.runtime.model.gguf import GGUFFile, load_gguf
-from engine.runtime.model.gguf_layout import MAX_METADATA_ITEMS, check_buffer
+from engine.runtime.model.gguf_reader import MAX_METADATA_ITEMS, read_buffer
 from engine.runtime.model.gguf_tokenizer import gguf_tokenizer
 from tests.engine.model.gguf_factory import write_tiny_gguf
 
@@ -183,28 +185,44 @@ def _gguf_image(draw: st.DrawFn) -> bytes:
 @pytest.mark.timeout(600)
 @FUZZ
 @given(image=_gguf_image())
-def test_the_header_parser_accepts_only_what_the_reader_can_read(
+def test_what_the_parser_reads_is_what_the_gguf_packages_reader_reads(
     tmp_path: Path, image: bytes
 ) -> None:
+    """A differential test: every image ours accepts (so one the package's reader cannot run
+    past the end of), the ``gguf`` package's GGUFReader reads to the same metadata values and
+    tensors; and ours refuses with ModelLoadError only."""
     try:
-        layout = check_buffer(image, "fuzz.gguf")
+        layout = read_buffer(image, "fuzz.gguf")
     except ModelLoadError:
-        layout = None
-    path = tmp_path / "fuzz.gguf"
-    path.write_bytes(image)
-    try:
-        opened = GGUFFile.open(path)
-    except ModelLoadError as exc:
-        # Refused by the walk, or after it: a string value that is not UTF-8 (the reader
-        # decodes values, the walk only bounds them).
-        assert layout is None or "cannot read value" in str(exc)
         event("refused")
         return
     event("read")
-    assert layout is not None
-    assert len(opened.metadata) == layout.kv_count + 3  # + the reader's GGUF.* header fields
-    assert len(opened.tensors) == layout.tensor_count
-    assert layout.data_end <= len(image)
+    path = tmp_path / "fuzz.gguf"
+    path.write_bytes(image)
+    opened = GGUFFile.open(path)
+    assert opened.metadata == layout.metadata and len(opened.tensors) == layout.tensor_count
+    assert layout.data_end <= len(image) and len(layout.metadata) == layout.kv_count + 3
+    _same_as_the_package_reader(path, opened)
+
+
+def _same_as_the_package_reader(path: Path, opened: GGUFFile) -> None:
+    reader = GGUFReader(str(path))
+    assert list(opened.metadata) == list(reader.fields)
+    assert opened.metadata == {key: f.contents() for key, f in reader.fields.items()}
+    assert list(opened.tensors) == [t.name for t in reader.tensors]
+    for theirs in reader.tensors:
+        ours = opened.tensors[theirs.name]
+        assert (ours.tensor_type, ours.shape) == (theirs.tensor_type, tuple(theirs.shape.tolist()))
+        assert ours.data.dtype == theirs.data.dtype and ours.data.shape == theirs.data.shape
+        assert np.array_equal(ours.data, theirs.data, equal_nan=ours.data.dtype.kind == "f")
+
+
+def test_a_real_gguf_reads_as_the_gguf_package_reads_it(tiny: bytes, tmp_path: Path) -> None:
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(tiny)
+    opened = GGUFFile.open(path)
+    assert opened.tensors and len(opened.metadata["tokenizer.ggml.tokens"]) > 100
+    _same_as_the_package_reader(path, opened)
 
 
 def test_the_item_cap_counts_every_array(tmp_path: Path) -> None:

@@ -1,11 +1,15 @@
-"""A bounded walk over a GGUF file's header, metadata and tensor infos, before the reader.
+"""A GGUF file's header, metadata and tensor infos, read with every count, length and offset
+bounded by the bytes that remain.
 
-The ``gguf`` package's reader trusts every count and length it reads: past the end of the file
-its reads come back empty, so a 49-byte file that claims 2**63 array items loops for ever, and
-other damage surfaces as ``IndexError``, ``OverflowError``, a recursion error and the like.
-``check_layout`` walks the same structure with every count, length and offset checked against
-the bytes that remain, and says what is wrong with a ``ModelLoadError``; a file it accepts is
-one the reader can index without reading past the end (spec: ggml's docs/gguf.md)::
+The ``gguf`` package's ``GGUFReader`` is not used to open files: it trusts every count and
+length it reads (past the end of the file its reads come back empty, so a 49-byte file that
+claims 2**63 array items loops for ever, and other damage surfaces as ``IndexError``,
+``OverflowError``, a recursion error and the like), and it builds several numpy views per
+metadata item, which took 6.5 of a 16.5 s start-up of the default model on a small CPU (its
+49,152 tokens and 48,900 merges). :func:`read_buffer` walks the structure once, checks each
+read, decodes each value as the reader's ``contents()`` does and maps each tensor's bytes as
+the reader's ``data`` does (tests compare the two on every file both read), and says what is
+wrong with a ``ModelLoadError`` (spec: ggml's docs/gguf.md)::
 
     "GGUF" | version u32 (2 or 3) | tensor_count u64 | kv_count u64
     kv_count     x  key str | value_type u32 | value
@@ -16,8 +20,8 @@ one the reader can index without reading past the end (spec: ggml's docs/gguf.md
     str   = length u64 | UTF-8 bytes            array = item_type u32 | count u64 | items
 
 Bounds beyond the file size: no nested arrays (llama.cpp refuses them too), and at most
-``MAX_METADATA_ITEMS`` array items in all (the reader keeps one small array object per item;
-real vocabularies and merges are well under a million each).
+``MAX_METADATA_ITEMS`` array items in all (real vocabularies and merges are well under a million
+each).
 """
 
 from __future__ import annotations
@@ -26,11 +30,14 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
+import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from engine.runtime.model.config import ModelLoadError
 
+ByteOrder = Literal["<", ">"]
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_ALIGNMENT = 1 << 20
@@ -38,27 +45,49 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_METADATA_ITEMS = 1 << 23
 MIN_KV_BYTES = 8 + 4 + 1  # empty key, value type, one-byte value
 MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # empty name, n_dims, one dimension, type, offset
-# The reader's own names for the header fields: a metadata key may not reuse them.
-RESERVED_KEYS = frozenset({"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"})
+# The header fields, listed first among the metadata as the gguf reader lists them: a metadata
+# key may not reuse them.
+RESERVED_KEYS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
 
-SCALAR_SIZES = {
-    GGUFValueType.UINT8: 1,
-    GGUFValueType.INT8: 1,
-    GGUFValueType.BOOL: 1,
-    GGUFValueType.UINT16: 2,
-    GGUFValueType.INT16: 2,
-    GGUFValueType.UINT32: 4,
-    GGUFValueType.INT32: 4,
-    GGUFValueType.FLOAT32: 4,
-    GGUFValueType.UINT64: 8,
-    GGUFValueType.INT64: 8,
-    GGUFValueType.FLOAT64: 8,
-}
+_V = GGUFValueType
+SCALARS = {  # struct format and numpy type of each scalar value type
+    _V.UINT8: ("B", np.uint8), _V.INT8: ("b", np.int8), _V.BOOL: ("?", np.bool_),
+    _V.UINT16: ("H", np.uint16), _V.INT16: ("h", np.int16), _V.UINT32: ("I", np.uint32),
+    _V.INT32: ("i", np.int32), _V.FLOAT32: ("f", np.float32), _V.UINT64: ("Q", np.uint64),
+    _V.INT64: ("q", np.int64), _V.FLOAT64: ("d", np.float64),
+}  # fmt: skip
+SCALAR_SIZES = {kind: struct.calcsize(fmt) for kind, (fmt, _) in SCALARS.items()}
+_Q = GGMLQuantizationType
+# tensor types whose data is read as typed elements; the others (blocks) as bytes, [..., row bytes]
+TYPED_TENSORS = {
+    _Q.F16: np.float16, _Q.F32: np.float32, _Q.F64: np.float64, _Q.I8: np.int8,
+    _Q.I16: np.int16, _Q.I32: np.int32, _Q.I64: np.int64,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    tensor_type: GGMLQuantizationType
+    shape: tuple[int, ...]  # GGML's order: the innermost dimension first
+    offset: int  # of its data, from the start of the file
+    n_bytes: int
+
+    def data(self, buf: np.ndarray, byte_order: ByteOrder) -> np.ndarray:
+        """Its data in ``buf`` (the whole file as uint8), shaped row-major as the gguf reader's
+        ``ReaderTensor.data``: typed elements, or a block type's bytes per row."""
+        raw = buf[self.offset : self.offset + self.n_bytes]
+        dims = tuple(reversed(self.shape))
+        typed = TYPED_TENSORS.get(self.tensor_type)
+        if typed is not None:
+            return raw.view(np.dtype(typed).newbyteorder(byte_order)).reshape(dims)
+        block, type_size = GGML_QUANT_SIZES[self.tensor_type]
+        return raw.reshape(*dims[:-1], dims[-1] // block * type_size)
 
 
 @dataclass(frozen=True)
 class GGUFLayout:
-    """What the walk found: where the tensor data starts and where the last tensor ends."""
+    """What the walk read: the header, every metadata value and where each tensor lies."""
 
     version: int
     kv_count: int
@@ -66,6 +95,9 @@ class GGUFLayout:
     alignment: int
     data_offset: int
     data_end: int  # 0 without tensors
+    byte_order: ByteOrder
+    metadata: dict[str, Any]  # values as the gguf reader's ReaderField.contents() gives them
+    tensors: tuple[TensorInfo, ...]
 
 
 class _Cursor:
@@ -73,7 +105,7 @@ class _Cursor:
 
     def __init__(self, buf: bytes | mmap.mmap, where: str) -> None:
         self.buf, self.where, self.pos, self.end = buf, where, 0, len(buf)
-        self.order = "<"
+        self.order: ByteOrder = "<"
 
     @property
     def remaining(self) -> int:
@@ -117,6 +149,21 @@ class _Cursor:
         except UnicodeDecodeError as exc:
             raise self.fail(f"{what} is not UTF-8") from exc
 
+    def scalar(self, kind: GGUFValueType, what: str) -> Any:
+        fmt = SCALARS[kind][0]
+        self.need(SCALAR_SIZES[kind], what)
+        (value,) = struct.unpack_from(self.order + fmt, self.buf, self.pos)
+        self.pos += SCALAR_SIZES[kind]
+        return value
+
+    def scalars(self, kind: GGUFValueType, count: int, what: str) -> list[Any]:
+        size = SCALAR_SIZES[kind] * count
+        self.need(size, what)
+        dtype = np.dtype(SCALARS[kind][1]).newbyteorder(self.order)
+        values = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).tolist()
+        self.pos += size
+        return list(values)
+
 
 def _header(c: _Cursor) -> tuple[int, int, int]:
     c.need(8, "magic and version")
@@ -147,23 +194,23 @@ def _value_type(c: _Cursor, what: str) -> GGUFValueType:
 
 
 class _Metadata:
-    """Walks the key/value section; remembers general.alignment and the item total."""
+    """Reads the key/value section; remembers general.alignment and the item total."""
 
     def __init__(self, c: _Cursor) -> None:
         self.c, self.items, self.alignment = c, 0, DEFAULT_ALIGNMENT
-        self.keys: set[str] = set(RESERVED_KEYS)
+        self.values: dict[str, Any] = {}
 
-    def walk(self, count: int) -> None:
+    def read(self, count: int) -> None:
         for i in range(count):
             key = self.c.text(f"metadata key {i}")
-            if key in self.keys:
+            if key in self.values or key in RESERVED_KEYS:
                 raise self.c.fail(f"metadata key {key!r} repeated or reserved")
-            self.keys.add(key)
             kind = _value_type(self.c, f"type of {key!r}")
             if key == "general.alignment":
                 self.alignment = self._alignment(kind)
+                self.values[key] = self.alignment
             else:
-                self._value(kind, key)
+                self.values[key] = self._value(kind, key)
 
     def _alignment(self, kind: GGUFValueType) -> int:
         if kind != GGUFValueType.UINT32:
@@ -173,16 +220,21 @@ class _Metadata:
             raise self.c.fail(f"general.alignment {value} is not a power of two <= {MAX_ALIGNMENT}")
         return value
 
-    def _value(self, kind: GGUFValueType, key: str) -> None:
-        c = self.c
+    def _value(self, kind: GGUFValueType, key: str) -> Any:
         if kind == GGUFValueType.STRING:
-            c.skip(c.u64(f"{key!r} length"), f"string {key!r}")
-        elif kind == GGUFValueType.ARRAY:
-            self._array(key)
-        else:
-            c.skip(SCALAR_SIZES[kind], f"value of {key!r}")
+            return self._string(key)
+        if kind == GGUFValueType.ARRAY:
+            return self._array(key)
+        return self.c.scalar(kind, f"value of {key!r}")
 
-    def _array(self, key: str) -> None:
+    def _string(self, key: str) -> str:
+        raw = self.c.string(f"string {key!r}")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self.c.fail(f"metadata {key!r}: cannot read value: {exc}") from exc
+
+    def _array(self, key: str) -> list[Any]:
         c = self.c
         item = _value_type(c, f"item type of {key!r}")
         if item == GGUFValueType.ARRAY:
@@ -194,14 +246,12 @@ class _Metadata:
         if self.items > MAX_METADATA_ITEMS:
             raise c.fail(f"{key!r}: more than {MAX_METADATA_ITEMS} metadata array items in all")
         if item != GGUFValueType.STRING:
-            c.skip(count * each, f"{count} {item.name} items of {key!r}")
-            return
-        for _ in range(count):
-            c.skip(c.u64(f"string length in {key!r}"), f"string in {key!r}")
+            return c.scalars(item, count, f"{count} {item.name} items of {key!r}")
+        return [self._string(key) for _ in range(count)]
 
 
-def _tensor_info(c: _Cursor, names: set[str], alignment: int) -> tuple[int, int]:
-    """One tensor info; its (offset, n_bytes) relative to the data section."""
+def _tensor_info(c: _Cursor, names: set[str], alignment: int) -> TensorInfo:
+    """One tensor info, its offset still relative to the data section."""
     name = c.text("tensor name")
     if name in names:
         raise c.fail(f"tensor {name!r} repeated")
@@ -209,7 +259,7 @@ def _tensor_info(c: _Cursor, names: set[str], alignment: int) -> tuple[int, int]
     n_dims = c.u32(f"dimension count of {name!r}")
     if not 1 <= n_dims <= MAX_DIMS:
         raise c.fail(f"tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS})")
-    dims = [c.u64(f"dimension of {name!r}") for _ in range(n_dims)]
+    dims = tuple(c.u64(f"dimension of {name!r}") for _ in range(n_dims))
     raw = c.u32(f"type of {name!r}")
     try:
         kind = GGMLQuantizationType(raw)
@@ -224,41 +274,47 @@ def _tensor_info(c: _Cursor, names: set[str], alignment: int) -> tuple[int, int]
     elements = 1
     for d in dims:
         elements *= d
-    return offset, elements * type_size // block
+    return TensorInfo(name, kind, dims, offset, elements * type_size // block)
 
 
-def _tensors(c: _Cursor, count: int, alignment: int) -> tuple[int, int]:
-    """Tensor infos; (data_offset, end of the last tensor's bytes) within the file."""
+def _tensors(c: _Cursor, count: int, alignment: int) -> tuple[int, list[TensorInfo]]:
+    """Tensor infos (offsets from the start of the file) and where the data section starts."""
     names: set[str] = set()
-    spans = [_tensor_info(c, names, alignment) for _ in range(count)]
+    infos = [_tensor_info(c, names, alignment) for _ in range(count)]
     data_offset = -(-c.pos // alignment) * alignment
-    data_end = 0
-    for offset, n_bytes in spans:
-        end = data_offset + offset + n_bytes
-        if end > c.end:
+    placed = []
+    for t in infos:
+        start = data_offset + t.offset
+        if start + t.n_bytes > c.end:
             raise ModelLoadError(
-                f"{c.where}: malformed GGUF: tensor data at {data_offset + offset} "
-                f"({n_bytes} bytes) runs past the end of the file ({c.end} bytes)"
+                f"{c.where}: malformed GGUF: tensor data at {start} ({t.n_bytes} bytes) runs "
+                f"past the end of the file ({c.end} bytes)"
             )
-        data_end = max(data_end, end)
-    return data_offset, data_end
+        placed.append(TensorInfo(t.name, t.tensor_type, t.shape, start, t.n_bytes))
+    return data_offset, placed
 
 
-def check_buffer(buf: bytes | mmap.mmap, where: str) -> GGUFLayout:
-    """The layout of a GGUF image in ``buf``, or a ``ModelLoadError`` naming what is wrong."""
+def read_buffer(buf: bytes | mmap.mmap, where: str) -> GGUFLayout:
+    """The header, metadata and tensor infos of a GGUF image in ``buf``, or a
+    ``ModelLoadError`` naming what is wrong."""
     c = _Cursor(buf, where)
     version, tensor_count, kv_count = _header(c)
     meta = _Metadata(c)
-    meta.walk(kv_count)
+    meta.read(kv_count)
     c.need(tensor_count * MIN_TENSOR_INFO_BYTES, f"{tensor_count} tensor infos")
-    data_offset, data_end = _tensors(c, tensor_count, meta.alignment)
-    return GGUFLayout(version, kv_count, tensor_count, meta.alignment, data_offset, data_end)
+    data_offset, tensors = _tensors(c, tensor_count, meta.alignment)
+    header = dict(zip(RESERVED_KEYS, (version, tensor_count, kv_count), strict=True))
+    data_end = max((t.offset + t.n_bytes for t in tensors), default=0)
+    return GGUFLayout(
+        version, kv_count, tensor_count, meta.alignment, data_offset, data_end, c.order,
+        {**header, **meta.values}, tuple(tensors),
+    )  # fmt: skip
 
 
-def check_layout(path: Path) -> GGUFLayout:
-    """``check_buffer`` over the file (memory-mapped: only the header region is read)."""
+def read_layout(path: Path) -> GGUFLayout:
+    """``read_buffer`` over the file (memory-mapped: only the header region is read)."""
     try:
         with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return check_buffer(buf, str(path))
+            return read_buffer(buf, str(path))
     except (OSError, ValueError) as exc:  # ValueError: an empty file cannot be mapped
         raise ModelLoadError(f"{path}: cannot read GGUF file: {exc}") from exc
