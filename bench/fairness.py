@@ -7,11 +7,12 @@ Three runs on the same engine geometry, one after the other in this invocation: 
 baseline), B under A's flood with ``scheduling="fcfs"``, and with ``scheduling="fair"``. Then
 three closed-loop tenants at weights 1:2:4 on a fair engine with ``--weights-seqs`` running
 slots (so that all three stay backlogged): the tokens the engine computed for each over its
-first ``--weights-steps`` steps (counted in steps, not seconds: a request holds its slot for a
-prefill and ``--a-output`` decode steps, and a window of one such lifetime measures how the
-first slots fell, not the weights; the VTC bound is about one request's tokens, so the ratio
-settles once a tenant has been served many requests). ``--only weights`` runs that part alone
-and updates its entry in an existing ``--out`` file, keeping the other results.
+first ``--weights-steps`` steps once all three have arrived (counted in steps, not seconds: a
+request holds its slot for a prefill and ``--a-output`` decode steps, and a window of one such
+lifetime measures how the first slots fell, not the weights; the VTC bound is about one
+request's tokens, so the ratio settles once a tenant has been served many requests).
+``--only weights`` runs that part alone and updates its entry in an existing ``--out`` file,
+keeping the other results.
 Reported: B's TTFT p50/p99 and end-to-end latency, tokens/s per tenant (prompt + output tokens
 computed for it, client side), total, and the engine's step time. Times are wall clock on a
 shared machine; the ratios side by side are what to read.
@@ -222,8 +223,14 @@ async def _weights(
                 await asyncio.sleep(0.01)
         loop = _closed_loop(aeng, args, t, w, 16, stop, served, i, shape)
         tasks.append(asyncio.create_task(loop))
-    first = len(log)
+    created = len(log)
     start = time.monotonic()
+    # The window opens at the first step in which every tenant has arrived (all backlogged,
+    # which is what VTC's bound is about): until then the first tenant runs alone on idle
+    # capacity, which the lift rightly does not let the latecomers reclaim.
+    while not (log and len(log[-1]) == len(WEIGHTS)) and time.monotonic() - start < 60:
+        await asyncio.sleep(0.005)
+    first = len(log)
     while len(log) < first + case.steps and time.monotonic() - start < args.weights_timeout:
         await asyncio.sleep(0.05)
     span = time.monotonic() - start
@@ -240,6 +247,7 @@ async def _weights(
     marks = sorted({m for m in (17, 50, 100, 200, 400, n) if 0 < m <= n})
     return {
         "steps": n,
+        "steps_before_all_arrived": first - created,
         "seconds": round(span, 1),
         "engine_served_tokens": window(n) if n else {},
         "ratio_to_w1": _ratios(window(n)) if n else {},

@@ -12,6 +12,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
+from engine.config import EngineConfig
 from engine.runtime.kernels.cpu import qgemm
 from engine.runtime.model.blocks import Q4_1, Q8_0, BlockWeight, cat_rows, embed
 from engine.runtime.model.linear import Linear
@@ -184,3 +185,23 @@ def test_rows_of_one_format_stay_in_blocks() -> None:
     assert torch.equal(both.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
     mixed = cat_rows([a, block_weight(Q8_0, 4, 64)])
     assert isinstance(mixed, torch.Tensor) and mixed.shape == (12, 64)
+
+
+def test_linear_with_int8_activations_stays_within_the_rounding_bound() -> None:
+    if qgemm.load() is None:
+        pytest.skip("no block GEMM on this machine")
+    w, b, x = block_weight(Q4_1, 96, 64), torch.randn(96), torch.randn(2, 5, 64)
+    layer = Linear(w, b, int8_activations=True)
+    assert layer.blocks is not None and layer.blocks.kind == qgemm.Q4_1_INT8
+    exact = torch.nn.functional.linear(x, w.dequantize(), b)
+    bound = qgemm.int8_error_bound(x.view(10, 64), w.dequantize(offset=False)).view(2, 5, 96)
+    error = (layer(x) - exact).abs()
+    assert (error <= bound + 1e-4).all() and error.max() > 1e-5
+    plain = Linear(w, b).blocks
+    assert plain is not None and plain.kind == qgemm.Q4_1
+
+
+def test_the_engine_config_names_its_weight_choices() -> None:
+    assert EngineConfig(weights="blocks-int8").weights == "blocks-int8"
+    with pytest.raises(ValueError, match="auto, blocks-int8, dequantized"):
+        EngineConfig(weights="int4")
