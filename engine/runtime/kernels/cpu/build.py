@@ -34,10 +34,12 @@ def compiler() -> str | None:
 
 
 def build(source: Path, compiler: str, isa: str, isa_flags: tuple[str, ...]) -> Path:
-    """The shared library of ``source`` for ``isa``: cached by the source's hash and the flags;
-    concurrent builders each publish a whole file (atomic rename)."""
+    """The shared library of ``source`` for ``isa``: cached by the hash of the source, the
+    headers beside it (``#include "..."``) and the flags; concurrent builders each publish a
+    whole file (atomic rename)."""
     flags = (*CFLAGS, *isa_flags)
-    key = source.read_bytes() + " ".join((compiler, *flags)).encode()
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    key = source.read_bytes() + headers + " ".join((compiler, *flags)).encode()
     digest = hashlib.sha256(key).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{isa}-{digest}.so"
     if target.exists():

@@ -16,24 +16,16 @@
  * Integer sums are exact and every float32 operation runs in block order per row, so a row's
  * result depends on neither its batch, the thread count nor the ISA build.
  */
-#include <immintrin.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-typedef __m512 vec;
-typedef __m512i ivec;
-#define VW 16
+#include "panels.h"
+
+#if defined(__AVX512F__)
+#ifndef __AVX512BW__
+#error "q8gemm.c's AVX-512 build needs AVX-512BW (byte and word multiply-adds)"
+#endif
 #define GROUP 6
-#define vload _mm512_loadu_ps
-#define vstore _mm512_storeu_ps
-#define vset1 _mm512_set1_ps
-#define vzero _mm512_setzero_ps
-#define vfma _mm512_fmadd_ps
-#define vadd _mm512_add_ps
-#define vmul _mm512_mul_ps
-#define vhalf(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define iload(p) _mm512_loadu_si512((const void *)(p))
 #define iset1 _mm512_set1_epi32
 #define izero _mm512_setzero_si512
@@ -48,20 +40,9 @@ typedef __m512i ivec;
 #define iabs8 _mm512_abs_epi8
 /* x negated where w < 0 (where w == 0 the product is 0 either way) */
 #define isign8(x, w) _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), izero(), x)
-#define vint _mm512_cvtepi32_ps
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-typedef __m256 vec;
-typedef __m256i ivec;
-#define VW 8
+#define GROUP_SWITCH SWITCH_6
+#else
 #define GROUP 3
-#define vload _mm256_loadu_ps
-#define vstore _mm256_storeu_ps
-#define vset1 _mm256_set1_ps
-#define vzero _mm256_setzero_ps
-#define vfma _mm256_fmadd_ps
-#define vadd _mm256_add_ps
-#define vmul _mm256_mul_ps
-#define vhalf(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define iload(p) _mm256_loadu_si256((const __m256i *)(p))
 #define iset1 _mm256_set1_epi32
 #define izero _mm256_setzero_si256
@@ -75,14 +56,8 @@ typedef __m256i ivec;
 #define imadd _mm256_madd_epi16
 #define iabs8 _mm256_abs_epi8
 #define isign8 _mm256_sign_epi8
-#define vint _mm256_cvtepi32_ps
-#else
-#error "q8gemm.c needs AVX-512F + BW, or AVX2 with FMA and F16C"
+#define GROUP_SWITCH SWITCH_3
 #endif
-
-#define PANEL (2 * VW)
-#define QBLOCK 32
-#define ROWBLOCK 128 /* rows of x kept in cache while every panel streams past them */
 
 int kvgate_q8gemm_panel(void) { return PANEL; }
 
@@ -110,27 +85,6 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, const Quantized 
       q->dx[r * blocks + b] = d;
       if (q->xsum) q->xsum[r * blocks + b] = sum;
     }
-}
-
-/* The outputs of one group of rows for one panel, stored (plus bias) into y. */
-static inline __attribute__((always_inline)) void store_group(
-    const int rows, vec *lo, vec *hi, float *y, const int64_t n, const int64_t cols,
-    const float *bias) {
-  if (cols == PANEL) {
-    const vec b_lo = bias ? vload(bias) : vzero();
-    const vec b_hi = bias ? vload(bias + VW) : vzero();
-    for (int r = 0; r < rows; ++r) {
-      vstore(y + r * n, vadd(b_lo, lo[r]));
-      vstore(y + r * n + VW, vadd(b_hi, hi[r]));
-    }
-    return;
-  }
-  float sums[PANEL];
-  for (int r = 0; r < rows; ++r) {
-    vstore(sums, lo[r]);
-    vstore(sums + VW, hi[r]);
-    for (int64_t c = 0; c < cols; ++c) y[r * n + c] = (bias ? bias[c] : 0.0f) + sums[c];
-  }
 }
 
 /* 4 bytes of a row of qx, broadcast to every lane */
@@ -208,22 +162,6 @@ static inline __attribute__((always_inline)) void q8_0_group(
   store_group(rows, lo, hi, y, n, cols, bias);
 }
 
-#define GROUP_CASE(R, CALL) \
-  case R:                   \
-    CALL;                   \
-    break;
-
-#if GROUP > 3
-#define GROUP_SWITCH(rows, CALL)                                                        \
-  switch (rows) {                                                                       \
-    GROUP_CASE(1, CALL(1)) GROUP_CASE(2, CALL(2)) GROUP_CASE(3, CALL(3))                \
-    GROUP_CASE(4, CALL(4)) GROUP_CASE(5, CALL(5)) GROUP_CASE(6, CALL(6))                \
-  }
-#else
-#define GROUP_SWITCH(rows, CALL) \
-  switch (rows) { GROUP_CASE(1, CALL(1)) GROUP_CASE(2, CALL(2)) GROUP_CASE(3, CALL(3)) }
-#endif
-
 #define Q4_CALL(R) q4_1_group(R, &xr, k, (const uint8_t *)q, sc, yr, n, cols, b)
 #define Q8_CALL(R) q8_0_group(R, &xr, k, (const int8_t *)q, sc, yr, n, cols, b)
 
@@ -244,7 +182,7 @@ static void block_gemm(const Quantized *x, int64_t m, int64_t k, const void *qs,
       const int64_t cols = n - col0 < PANEL ? n - col0 : PANEL;
       const float *b = bias ? bias + col0 : 0;
       for (int64_t g = 0, r0 = rb; g < groups; ++g) {
-        const int64_t left = rb_end - r0, rows = (left + groups - g - 1) / (groups - g);
+        const int64_t rows = group_rows(rb_end - r0, groups - g);
         const Quantized xr = {x->qx + r0 * k, x->dx + r0 * blocks,
                               q4 ? x->xsum + r0 * blocks : 0};
         float *yr = out + r0 * n + col0;

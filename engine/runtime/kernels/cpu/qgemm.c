@@ -14,7 +14,6 @@
  * the ISA is: a row's result depends on neither its batch nor the build.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, sched_yield */
-#include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -22,76 +21,31 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "panels.h"
+
 #if defined(__AVX512F__)
-typedef __m512 vec;
-typedef __m512i ivec;
-#define VW 16
 #define GROUP 6 /* 4 accumulators a row: 24 of 32 registers */
 #define WIDE_GROUP 6 /* rows a group over widened weights */
-#define vload _mm512_loadu_ps
-#define vstore _mm512_storeu_ps
-#define vset1 _mm512_set1_ps
-#define vzero _mm512_setzero_ps
-#define vfma _mm512_fmadd_ps
-#define vadd _mm512_add_ps
-#define vhalf(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 /* 16 bytes -> 16 lanes: unsigned (nibble pairs) or signed (int8) */
 #define vbytes_u(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))
 #define vbytes_s(p) _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p)))
 #define vlow(w) _mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(15)))
 #define vhigh(w) _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4))
-#define vint(w) _mm512_cvtepi32_ps(w)
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-typedef __m256 vec;
-typedef __m256i ivec;
-#define VW 8
+#define GROUP_SWITCH SWITCH_6
+#else
 #define GROUP 3 /* 12 accumulators + 2 weight vectors + 1 broadcast of 16 registers */
 /* over widened weights: 12 block accumulators + 2 weight vectors + 1 broadcast, the totals
  * (touched once a block) on the stack; 8-12% faster than 3 rows at 16-64 rows (Zen 1) */
 #define WIDE_GROUP 6
-#define vload _mm256_loadu_ps
-#define vstore _mm256_storeu_ps
-#define vset1 _mm256_set1_ps
-#define vzero _mm256_setzero_ps
-#define vfma _mm256_fmadd_ps
-#define vadd _mm256_add_ps
-#define vhalf(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 /* 8 bytes -> 8 lanes */
 #define vbytes_u(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
 #define vbytes_s(p) _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
 #define vlow(w) _mm256_cvtepi32_ps(_mm256_and_si256(w, _mm256_set1_epi32(15)))
 #define vhigh(w) _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 4))
-#define vint(w) _mm256_cvtepi32_ps(w)
-#else
-#error "qgemm.c needs AVX-512F, or AVX2 with FMA and F16C"
+#define GROUP_SWITCH SWITCH_3
 #endif
 
-#define PANEL (2 * VW)
-#define QBLOCK 32
-#define ROWBLOCK 128 /* rows of x kept in cache while every panel streams past them */
-
 int kvgate_qgemm_panel(void) { return PANEL; }
-
-/* The outputs of one group of rows for one panel, stored (plus bias) into y. */
-static inline __attribute__((always_inline)) void store_group(
-    const int rows, vec *lo, vec *hi, float *y, const int64_t n, const int64_t cols,
-    const float *bias) {
-  if (cols == PANEL) {
-    const vec b_lo = bias ? vload(bias) : vzero();
-    const vec b_hi = bias ? vload(bias + VW) : vzero();
-    for (int r = 0; r < rows; ++r) {
-      vstore(y + r * n, vadd(b_lo, lo[r]));
-      vstore(y + r * n + VW, vadd(b_hi, hi[r]));
-    }
-    return;
-  }
-  float sums[PANEL];
-  for (int r = 0; r < rows; ++r) {
-    vstore(sums, lo[r]);
-    vstore(sums + VW, hi[r]);
-    for (int64_t c = 0; c < cols; ++c) y[r * n + c] = (bias ? bias[c] : 0.0f) + sums[c];
-  }
-}
 
 static inline __attribute__((always_inline)) void q4_1_group(
     const int rows, const float *x, const float *xsum, const int64_t k, const uint8_t *qs,
@@ -208,28 +162,6 @@ static inline __attribute__((always_inline)) void widened_group(
   }
   store_group(rows, lo, hi, y, n, cols, bias);
 }
-
-/* Rows split evenly over the fewest groups of at most GROUP. */
-static inline int64_t group_rows(const int64_t left, const int64_t groups_left) {
-  return (left + groups_left - 1) / groups_left;
-}
-
-#define GROUP_CASE(R, CALL) \
-  case R:                   \
-    CALL;                   \
-    break;
-
-#define SWITCH_6(rows, CALL)                                                            \
-  switch (rows) {                                                                       \
-    GROUP_CASE(1, CALL(1)) GROUP_CASE(2, CALL(2)) GROUP_CASE(3, CALL(3))                \
-    GROUP_CASE(4, CALL(4)) GROUP_CASE(5, CALL(5)) GROUP_CASE(6, CALL(6))                \
-  }
-#if GROUP > 3
-#define GROUP_SWITCH SWITCH_6
-#else
-#define GROUP_SWITCH(rows, CALL) \
-  switch (rows) { GROUP_CASE(1, CALL(1)) GROUP_CASE(2, CALL(2)) GROUP_CASE(3, CALL(3)) }
-#endif
 
 #define Q4_CALL(R) q4_1_group(R, xr, xs, k, (const uint8_t *)q, sc, yr, n, cols, b)
 #define Q8_CALL(R) q8_0_group(R, xr, k, (const int8_t *)q, sc, yr, n, cols, b)
