@@ -4,11 +4,11 @@
  * scaled once in float32:
  *   Q4_1  y = sum over blocks of  (dw * dx) * (qw . qx) + mw * sum(x)   (sum(x) in float32)
  *   Q8_0  y = sum over blocks of  (dw * dx) * (qw . qx)
- * Four multiply-adds an instruction where qgemm.c's float32 path does one, and no widening of the
- * weights: what a prefill chunk's GEMMs are bound by. The error is x's rounding, at most dx / 2 an
- * input (linear.py checks each weight against that bound).
+ * maddubs does 32 multiply-adds where an FMA does 8 (16), and the weights are not widened to
+ * float: 1.5-1.6x qgemm.c's float32 path at 16 rows, 2-3.5x at one row (Zen 1). The error is x's
+ * rounding, at most dx / 2 an input (linear.py checks each weight against that bound).
  *
- * The weights are packed by qgemm.py's ``pack_*_q8``: a vector lane is an output and holds 4
+ * The weights are packed by qgemm.py's ``pack_*(..., int8=True)``: a vector lane is an output and holds 4
  * consecutive inputs' bytes (PANEL = 2 * VW outputs a panel):
  *   Q4_1  qs [panels][blocks][4][PANEL][4]: byte j of output o in part c holds input 8c + j (low
  *         nibble) and 8c + 4 + j (high); dm as qgemm.c's ([panels][blocks][2][PANEL] float16).
