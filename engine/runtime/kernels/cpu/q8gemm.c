@@ -4,8 +4,8 @@
  * scaled once in float32:
  *   Q4_1  y = sum over blocks of  (dw * dx) * (qw . qx) + mw * sum(x)   (sum(x) in float32)
  *   Q8_0  y = sum over blocks of  (dw * dx) * (qw . qx)
- * maddubs does 32 multiply-adds where an FMA does 8 (16), and the weights are not widened to
- * float: 1.5-1.6x qgemm.c's float32 path at 16 rows, 2-3.5x at one row (Zen 1). The error is x's
+ * A maddubs does four times the multiply-adds of an FMA of the same width, and the weights are
+ * not widened to float: 1.5-1.6x qgemm.c's float32 path at 16 rows, 2-3.5x at one row (Zen 1). The error is x's
  * rounding, at most dx / 2 an input (linear.py checks each weight against that bound).
  *
  * The weights are packed by qgemm.py's ``pack_*(..., int8=True)``: a vector lane is an output and holds 4
