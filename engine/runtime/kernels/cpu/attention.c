@@ -9,7 +9,8 @@
  * tile's scores read each cached key row whole, every kv head at once (one kv head's slice of
  * rows kv_heads * d floats apart, read once per kv head, ran at a third of the speed on the
  * same bytes); a decode row's values too, a chunk's per head with its rows in registers. Each
- * key and value is loaded once for a tile, and the (row, head) sums are independent chains. Per
+ * key and value is loaded once for a tile, and the (row, head) sums are independent chains: the
+ * scores go 3 queries x 2 keys at a time, so each load feeds two or three FMAs. Per
  * row and head, three passes: scores q . k (a fixed 16-lane tree per key), exp of score minus the
  * row's maximum with their total (16 lanes by key index, the same tree), and the weighted sum of
  * values in key order. Every sum runs in an order fixed by the row alone, so a row's result does
@@ -69,6 +70,10 @@ typedef __m256 vec;
 #define MAX_HEAD_DIM 256
 #define TILE_ROWS 4
 #define MAX_ROW_HEADS 64 /* (row, head) pairs of a row tile */
+/* floats of a head's output a values pass keeps in registers for TILE_ROWS rows: 16 of 32
+ * AVX-512 registers; on AVX2, 64 would be all 16 and spill (an accumulator loaded and stored
+ * around each FMA) */
+#define VALUES_CH (VW == 16 ? 64 : 16)
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* acc[0..15] (as L16 vectors) -> one float, by a fixed tree: 16 -> 8 -> 4 -> 2 -> 1. */
@@ -137,6 +142,43 @@ ALWAYS_INLINE void key_scores(const int n, const float *q, int64_t q_stride, con
   for (int r = 0; r < n; ++r) scores[r * s_stride] = sum16(acc[r]) * scale;
 }
 
+/* The scores of nq query heads against nk consecutive key rows ``k_stride`` floats apart (nq <=
+ * 3, nk <= 2, constants at each call site): out[a][j + b] = q_a . k_b * scale, by key_scores'
+ * chain and tree per (query, key); each load of q or k now feeds two or three FMAs. */
+ALWAYS_INLINE void pair_scores(const int nq, const int nk, const float *const *q, const float *k,
+                               int64_t k_stride, int64_t d, float scale, float *const *out,
+                               int64_t j) {
+  vec acc[3][2][L16];
+  for (int a = 0; a < nq; ++a)
+    for (int b = 0; b < nk; ++b)
+      for (int l = 0; l < L16; ++l) acc[a][b][l] = vzero();
+  for (int64_t i = 0; i < d; i += 16)
+    for (int l = 0; l < L16; ++l) {
+      vec kv[2];
+      for (int b = 0; b < nk; ++b) kv[b] = vload(k + b * k_stride + i + l * VW);
+      for (int a = 0; a < nq; ++a) {
+        const vec qv = vload(q[a] + i + l * VW);
+        for (int b = 0; b < nk; ++b) acc[a][b][l] = vfma(qv, kv[b], acc[a][b][l]);
+      }
+    }
+  for (int a = 0; a < nq; ++a)
+    for (int b = 0; b < nk; ++b) out[a][j + b] = sum16(acc[a][b]) * scale;
+}
+
+static void pairs_scores(int nq, int nk, const float *const *q, const float *k, int64_t k_stride,
+                         int64_t d, float scale, float *const *out, int64_t j) {
+#define PAIRS(A, B) pair_scores(A, B, q, k, k_stride, d, scale, out, j)
+  switch (nq * 10 + nk) {
+    case 11: PAIRS(1, 1); break;
+    case 12: PAIRS(1, 2); break;
+    case 21: PAIRS(2, 1); break;
+    case 22: PAIRS(2, 2); break;
+    case 31: PAIRS(3, 1); break;
+    default: PAIRS(3, 2); break;
+  }
+#undef PAIRS
+}
+
 /* key_scores for keys 0..len-1 of a table. */
 ALWAYS_INLINE void tile_scores(const int n, const float *q, int64_t q_stride, const float *k_cache,
                                const int32_t *table, int64_t len, int64_t bs, int64_t row,
@@ -170,17 +212,6 @@ ALWAYS_INLINE void tile_values(const int n, const int ch, const float *p, int64_
       for (int i = 0; i < ch / VW; ++i)
         vstore(out + r * out_stride + c + i * VW, vmul(acc[r][i], inv));
     }
-  }
-}
-
-/* key_scores of heads h .. h + n - 1 (n <= TILE_ROWS), with n a constant in each branch. */
-static inline void heads_scores(int n, const float *q, const float *k, int64_t d, float scale,
-                                float *scores, int64_t s_stride) {
-  switch (n) {
-    case 1: key_scores(1, q, d, k, d, scale, scores, s_stride); break;
-    case 2: key_scores(2, q, d, k, d, scale, scores, s_stride); break;
-    case 3: key_scores(3, q, d, k, d, scale, scores, s_stride); break;
-    default: key_scores(4, q, d, k, d, scale, scores, s_stride); break;
   }
 }
 
@@ -228,7 +259,7 @@ static void rows_values(int n, const float *p, int64_t p_stride, const float *to
                         int64_t row, int64_t d, float *out, int64_t out_stride) {
 #define ROWS_VALUES(N, CH) \
   tile_values(N, CH, p, p_stride, total, v_cache, table, len, bs, row, d, out, out_stride)
-  switch (n * 100 + (d % 64 == 0 ? 64 : 16)) {
+  switch (n * 100 + (d % VALUES_CH == 0 ? VALUES_CH : 16)) {
     case 164: ROWS_VALUES(1, 64); break;
     case 264: ROWS_VALUES(2, 64); break;
     case 364: ROWS_VALUES(3, 64); break;
@@ -246,17 +277,25 @@ static void rows_values(int n, const float *p, int64_t p_stride, const float *to
  * computes it. ``scores`` holds n * hq rows of ``s_stride`` floats. */
 static void row_tile(const RowTile *t, float *scores, int64_t s_stride) {
   const int64_t hq = t->hq, group = t->group, d = t->d, hkv = hq / group, row = hkv * d;
-  const int64_t last = t->first + t->n - 1;
-  for (int64_t b = 0, j = 0; j < last; ++b) {
+  const int64_t last = t->first + t->n - 1, pairs = t->n * group; /* queries of a kv head */
+  const float *qs[MAX_ROW_HEADS]; /* kv head g's queries at g * pairs + (r * group + h % group) */
+  float *outs[MAX_ROW_HEADS];
+  for (int64_t g = 0; g < hkv; ++g)
+    for (int64_t p = 0; p < pairs; ++p) {
+      const int64_t r = p / group, h = g * group + p % group;
+      qs[g * pairs + p] = t->q + r * t->q_stride + h * d;
+      outs[g * pairs + p] = scores + (r * hq + h) * s_stride;
+    }
+  for (int64_t b = 0, j = 0; j < last; ++b) { /* key rows read whole, two at a time */
     const float *kb = t->k_cache + (int64_t)t->table[b] * t->bs * row;
-    for (const int64_t end = j + t->bs < last ? j + t->bs : last; j < end; ++j, kb += row)
-      for (int64_t r = 0; r < t->n; ++r)
-        for (int64_t g = 0; g < hkv; ++g)
-          for (int64_t h = g * group; h < (g + 1) * group; h += TILE_ROWS) {
-            const int64_t left = (g + 1) * group - h;
-            heads_scores(left < TILE_ROWS ? (int)left : TILE_ROWS, t->q + r * t->q_stride + h * d,
-                         kb + g * d, d, t->scale, scores + (r * hq + h) * s_stride + j, s_stride);
-          }
+    for (const int64_t end = j + t->bs < last ? j + t->bs : last; j < end;) {
+      const int nk = end - j >= 2 ? 2 : 1;
+      for (int64_t g = 0; g < hkv; ++g)
+        for (int64_t p = 0; p < pairs; p += 3)
+          pairs_scores(pairs - p < 3 ? (int)(pairs - p) : 3, nk, qs + g * pairs + p, kb + g * d,
+                       row, d, t->scale, outs + g * pairs + p, j);
+      j += nk, kb += nk * row;
+    }
   }
   float total[MAX_ROW_HEADS]; /* of (row r, head h) at h * n + r */
   for (int64_t r = 0; r < t->n; ++r)
@@ -298,8 +337,8 @@ ALWAYS_INLINE void tile_n(const int n, const Keys *kv, int causal, const float *
     total[r] = softmax_numerators(scores + r * s_stride, len, padded);
     for (int64_t j = len; j < last; ++j) scores[r * s_stride + j] = 0.0f; /* future keys */
   }
-  if (kv->d % 64 == 0)
-    tile_values(n, 64, scores, s_stride, total, kv->v_cache, kv->table, last, kv->bs, kv->row,
+  if (kv->d % VALUES_CH == 0)
+    tile_values(n, VALUES_CH, scores, s_stride, total, kv->v_cache, kv->table, last, kv->bs, kv->row,
                 kv->d, out, out_stride);
   else
     tile_values(n, 16, scores, s_stride, total, kv->v_cache, kv->table, last, kv->bs, kv->row,
