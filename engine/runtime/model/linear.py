@@ -37,11 +37,12 @@ def _agrees(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     outputs: int | None = None,
-    rounding: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    rounded: torch.Tensor | None = None,
 ) -> bool:
     """``fn`` gives ``F.linear``'s answer on a probe (its first ``outputs`` columns, when given:
-    ``weight`` holds only those rows), within ``rounding(x, weight)`` more where ``fn`` rounds
-    its input."""
+    ``weight`` holds only those rows); where ``fn`` rounds its input to int8, within that
+    rounding's bound more (``rounded``: the weight's part that meets the rounded input,
+    ``qgemm.int8_error_bound``)."""
     probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0))
     try:
         got = fn(probe)[:, :outputs]
@@ -50,7 +51,9 @@ def _agrees(
     want = F.linear(probe, weight, None if bias is None else bias[:outputs])
     # float32 rounding of a K-term dot product grows with the magnitude of its terms
     scale = F.linear(probe.abs(), weight.abs()).clamp_min(1.0)
-    allowed = 1e-5 * scale + (0.0 if rounding is None else rounding(probe, weight))
+    allowed = 1e-5 * scale
+    if rounded is not None:
+        allowed = allowed + qgemm.int8_error_bound(probe, rounded)
     return bool(((got - want).abs() <= allowed).all())
 
 
@@ -90,14 +93,8 @@ def _block_matmul(
         return kernel.matmul(x, packed, bias)
 
     probe_rows = torch.arange(min(PROBE_OUTPUTS, weight.shape[0]))
-    scaled = weight.dequantize(probe_rows, offset=False)
-
-    def rounding(x: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
-        return qgemm.int8_error_bound(x, scaled)
-
-    agrees = _agrees(
-        fn, weight.dequantize(probe_rows), bias, len(probe_rows), rounding if int8 else None
-    )
+    rounded = weight.dequantize(probe_rows, offset=False) if int8 else None
+    agrees = _agrees(fn, weight.dequantize(probe_rows), bias, len(probe_rows), rounded)
     return (fn, packed) if agrees else None
 
 

@@ -34,7 +34,14 @@ ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma", "-mf16c"), "avx2": ("-mavx2", "-mf
 # torch's AVX512 capability (gemm.best_isa) includes BW, which the int8 kernel's byte ops need
 Q8_ISA_FLAGS = {**ISA_FLAGS, "avx512": ("-mavx512f", "-mavx512bw", "-mfma", "-mf16c")}
 Q4_1, Q8_0, Q4_1_INT8, Q8_0_INT8 = "q4_1", "q8_0", "q4_1/int8", "q8_0/int8"
-KINDS = (Q4_1, Q8_0, Q4_1_INT8, Q8_0_INT8)  # the C functions' order in ``QuantGemm.functions``
+# each kind's C function (the same signature): in qgemm.c's library, or q8gemm.c's (int8)
+FUNCTIONS = {
+    Q4_1: (False, "kvgate_q4_1_gemm_threads"),
+    Q8_0: (False, "kvgate_q8_0_gemm_threads"),
+    Q4_1_INT8: (True, "kvgate_q4_1_q8_gemm_threads"),
+    Q8_0_INT8: (True, "kvgate_q8_0_q8_gemm_threads"),
+}
+KINDS = tuple(FUNCTIONS)  # the order of ``QuantGemm.functions``
 QBLOCK = 32  # weights per block along the input dimension
 _MIN_SPLIT_MACS = 1 << 20
 
@@ -69,11 +76,16 @@ class QuantGemm:
     @property
     def functions(self) -> tuple[int, ...]:
         """The addresses of the ``*_gemm_threads`` functions, in the order of KINDS."""
-        names = (
-            (self.lib, "kvgate_q4_1_gemm_threads"), (self.lib, "kvgate_q8_0_gemm_threads"),
-            (self.q8, "kvgate_q4_1_q8_gemm_threads"), (self.q8, "kvgate_q8_0_q8_gemm_threads"),
-        )  # fmt: skip
-        return tuple(build.function_address(lib, name) for lib, name in names)
+        return tuple(
+            build.function_address(self.q8 if int8 else self.lib, name)
+            for int8, name in FUNCTIONS.values()
+        )
+
+    def function(self, kind: str) -> Callable[..., int]:
+        """The C function for a packed weight of ``kind``."""
+        int8, name = FUNCTIONS[kind]
+        fn: Callable[..., int] = getattr(self.q8 if int8 else self.lib, name)
+        return fn
 
     def pack_q4_1(
         self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, *, int8: bool = False
@@ -115,7 +127,7 @@ class QuantGemm:
         out = x.new_empty(m, w.n)
         if m == 0:
             return out
-        fn = _call(self, w.kind)
+        fn = self.function(w.kind)
         threads = torch.get_num_threads() if m * w.n * w.k >= _MIN_SPLIT_MACS else 1
         status = fn(
             x.data_ptr(), m, w.k, w.qs.data_ptr(), w.scales.data_ptr(), w.n,
@@ -135,14 +147,6 @@ def int8_error_bound(x: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
     half_step = x.abs().view(m, k // QBLOCK, QBLOCK).amax(-1) / 254.0
     weight = scaled.abs().view(scaled.shape[0], k // QBLOCK, QBLOCK).sum(-1)
     return half_step @ weight.T
-
-
-def _call(kernel: QuantGemm, kind: str) -> Callable[..., int]:
-    """The C function for a packed weight of ``kind``."""
-    lib = kernel.q8 if kind in (Q4_1_INT8, Q8_0_INT8) else kernel.lib
-    name = kind.replace("/int8", "_q8")
-    fn: Callable[..., int] = getattr(lib, f"kvgate_{name}_gemm_threads")
-    return fn
 
 
 def _pad(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -182,10 +186,8 @@ def _load(isa: str) -> QuantGemm | None:
     if lib is None or q8 is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    for fn in (
-        lib.kvgate_q4_1_gemm_threads, lib.kvgate_q8_0_gemm_threads,
-        q8.kvgate_q4_1_q8_gemm_threads, q8.kvgate_q8_0_q8_gemm_threads,
-    ):  # fmt: skip
+    for int8, name in FUNCTIONS.values():
+        fn = getattr(q8 if int8 else lib, name)
         fn.restype = ctypes.c_int
         fn.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ctypes.c_int]
     lib.kvgate_qgemm_panel.restype = q8.kvgate_q8gemm_panel.restype = ctypes.c_int
