@@ -33,6 +33,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.structured",
         "decode tok/s under a strict JSON schema vs unconstrained; mask and compile times",
     ),
+    "vllm": ("bench.vllm_peer", "the seed shapes (reuse batch 1 and 7, burst) vs vLLM's CPU build"),
 }
 
 
