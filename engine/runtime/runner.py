@@ -33,6 +33,7 @@ from engine.runtime.device import (
     bind_device,
     choose_dtype,
     describe,
+    keep_freed_heap,
     release_freed_heap,
     resolve_device,
 )
@@ -110,7 +111,8 @@ class ModelRunner:
         decoder = Decoder(model_config, model.weights, dtype, str(device), int8_activations=int8)
         del model  # the weights as loaded: the decoder holds what it uses
         if device.type == "cpu":
-            release_freed_heap()
+            release_freed_heap()  # what loading freed goes back to the OS
+            keep_freed_heap()  # from here on, what steps free is kept for the next step
         per_block = block_bytes(model_config, config.block_size, dtype)
         if device.type == "cuda" and config.kv_cache_bytes is None:
             budget = profile_kv_bytes(config, model_config, decoder, device)
