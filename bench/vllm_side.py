@@ -28,7 +28,6 @@ def _engine(spec: dict[str, Any]) -> Any:
     threads = int(spec["threads"])
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
     from vllm import LLM
 
     return LLM(
