@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cpu_side import Spec, conversation
+from engine.runtime import omp_policy
 
 RESULTS = Path(__file__).parent / "results" / "cpu_peer.json"
 PEER_SCRIPT = Path(__file__).with_name("llama_side.py")
@@ -92,9 +93,15 @@ def _model(given: Path | None) -> Path:
     return ensure_default_model(Path.home() / ".cache" / "kvgate" / "models", log=print)
 
 
-def _side(command: list[str], spec: Spec, *extra: str) -> dict[str, float]:
+def _side(
+    command: list[str], spec: Spec, *extra: str, env: dict[str, str] | None = None
+) -> dict[str, float]:
     done = subprocess.run(
-        [*command, json.dumps(spec.to_json()), *extra], capture_output=True, text=True, check=False
+        [*command, json.dumps(spec.to_json()), *extra],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
     )
     if done.returncode != 0:
         raise RuntimeError(f"{command[-1]} failed:\n{done.stderr[-3000:]}")
@@ -131,7 +138,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for i in range(args.repeats):
         ours.append(_side(kvgate_cmd, spec))
         rounded.append(_side(kvgate_cmd, spec, "blocks-int8"))
-        theirs.append(_side(peer_cmd, spec))
+        theirs.append(_side(peer_cmd, spec, env=omp_policy.foreign_environ()))
         print(
             f"repeat {i + 1}: kvgate {ours[-1]}\n          kvgate int8 {rounded[-1]}"
             f"\n          llama.cpp {theirs[-1]}",

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import random
 import statistics
@@ -157,7 +156,9 @@ class _Kvgate:
 
 class _Vllm:
     def __init__(self, python: Path, spec_path: Path) -> None:
-        env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
+        from engine.runtime import omp_policy
+
+        env = {**omp_policy.foreign_environ(), "VLLM_LOGGING_LEVEL": "WARNING"}
         self.proc = subprocess.Popen(
             # -P: bench/ is not put on the path (its kernels.py would shadow an optional import)
             [str(python), "-P", str(PEER_SCRIPT), str(spec_path)],

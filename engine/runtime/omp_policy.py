@@ -9,7 +9,9 @@ to 100 ms (bench/results/vllm_peer.json has the shapes).
 
 libgomp reads the variable once, when it is loaded (torch's import), so :func:`export` runs when
 the ``engine`` package is imported; a value already set is kept, and a process that imported
-torch before ``engine`` keeps libgomp's default.
+torch before ``engine`` keeps libgomp's default. Child processes inherit it (kvgate's workers
+should); a program that is not kvgate gets :func:`foreign_environ` (llama.cpp's threads, for
+one, wait for each other after every op: sleeping there cut its decode to a quarter).
 """
 
 from __future__ import annotations
@@ -21,6 +23,21 @@ ENV = "OMP_WAIT_POLICY"
 POLICY = "PASSIVE"
 
 
+_exported = False  # this process set the variable (it was not set before)
+
+
 def export(environ: MutableMapping[str, str] = os.environ) -> None:
     """Set ``OMP_WAIT_POLICY=PASSIVE`` unless the process already chose one."""
-    environ.setdefault(ENV, POLICY)
+    global _exported
+    if ENV not in environ:
+        environ[ENV] = POLICY
+        _exported = environ is os.environ
+
+
+def foreign_environ() -> dict[str, str]:
+    """This process's environment as it was given, for a child that is not kvgate: without the
+    policy :func:`export` added (one the process was started with is kept)."""
+    env = dict(os.environ)
+    if _exported:
+        env.pop(ENV, None)
+    return env
