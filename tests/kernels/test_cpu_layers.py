@@ -106,3 +106,15 @@ def test_c_silu_mul_agrees_with_torch() -> None:
     half = kernels.silu_mul(gate_up.double(), 48)
     assert half.dtype == torch.float64
     torch.testing.assert_close(half, want.double(), rtol=1e-6, atol=1e-6)
+
+
+def test_c_silu_mul_holds_past_its_exp_range() -> None:
+    """The C SiLU's exp is clamped to [-87, 88]: beyond it, silu(g) is g (large g) or about 0."""
+    c = ops.default()
+    if c is None:
+        pytest.skip("no C ops on this machine")
+    gate = torch.linspace(-120.0, 120.0, 2401)
+    got = c.silu_mul(torch.cat([gate, torch.ones_like(gate)]).view(1, -1), gate.numel())[0]
+    exact = gate.double() * torch.sigmoid(gate.double())
+    torch.testing.assert_close(got.double(), exact, rtol=4e-7, atol=1e-30)
+    assert torch.isfinite(got).all()
