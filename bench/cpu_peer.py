@@ -28,12 +28,12 @@ import platform
 import statistics
 import subprocess
 import sys
-import venv
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.cpu_side import Spec, conversation
+from bench.peer_env import peer_python, pip_run
 from engine.runtime import omp_policy
 
 RESULTS = Path(__file__).parent / "results" / "cpu_peer.json"
@@ -61,15 +61,13 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
 def _peer_python(given: Path | None) -> Path:
     if given is not None:
         return given
-    python = PEER_VENV / "bin" / "python"
-    probe = [str(python), "-c", "import llama_cpp"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
-        return python
-    print(f"building {PEER_PACKAGE} from source into {PEER_VENV} (once; minutes)", flush=True)
-    venv.create(PEER_VENV, with_pip=True)
-    env = {**os.environ, "CMAKE_ARGS": " ".join(_ggml_flags())}
-    subprocess.run([str(python), "-m", "pip", "install", "-q", PEER_PACKAGE], check=True, env=env)
-    return python
+    run = pip_run({**os.environ, "CMAKE_ARGS": " ".join(_ggml_flags())})
+    return peer_python(
+        PEER_VENV,
+        "llama_cpp",
+        lambda pip: run([*pip, "install", "-q", PEER_PACKAGE]),
+        f"building {PEER_PACKAGE} from source",
+    )
 
 
 def _ggml_flags() -> list[str]:

