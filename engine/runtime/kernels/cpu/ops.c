@@ -71,35 +71,12 @@ void kvgate_rope_store_kv(float *qkv, int64_t row_stride, int64_t tokens, int64_
   }
 }
 
-/* exp(x) for x in [-87, 88] (clamped to it): Cephes' expf polynomial, ~1 ulp, branch-free so the
- * loop that calls it vectorizes (libm's expf is a call per element: a fifth of a prefill's MLP
- * time). n = x / ln 2 rounded to nearest by the 1.5 * 2^23 trick (floorf keeps GCC from
- * vectorizing); the explicit fmaf calls give the AVX2 and AVX-512 builds the same bits. */
-static inline float exp_clamped(float x) {
-  x = x < -87.0f ? -87.0f : x; /* not fminf/fmaxf: their NaN rules keep them calls */
-  x = x > 88.0f ? 88.0f : x;
-  const float round = 12582912.0f;
-  const float n = fmaf(x, 1.44269504088896341f, round) - round;
-  x = fmaf(n, -0.693359375f, x);
-  x = fmaf(n, 2.12194440e-4f, x);
-  float p = 1.9875691500e-4f;
-  p = fmaf(p, x, 1.3981999507e-3f);
-  p = fmaf(p, x, 8.3334519073e-3f);
-  p = fmaf(p, x, 4.1665795894e-2f);
-  p = fmaf(p, x, 1.6666665459e-1f);
-  p = fmaf(p, x, 5.0000001201e-1f);
-  p = fmaf(p, x * x, x + 1.0f);
-  const union { int32_t bits; float value; } scale = {((int32_t)n + 127) << 23}; /* 2^n */
-  return p * scale.value;
-}
-
 /* out[r][i] = silu(gate_up[r][i]) * gate_up[r][inter + i]: the MLP activation of the fused
- * gate/up projection's rows [gate | up]. silu(g) = g / (1 + exp(-g)): past the clamp, exp(-g)
- * is 2^127-ish (g < -88: silu is below 1e-36) or 1e-38-ish (g > 87: silu is g). */
+ * gate/up projection's rows [gate | up]. */
 void kvgate_silu_mul(const float *gate_up, int64_t rows, int64_t inter, float *out) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float *restrict g = gate_up + r * 2 * inter, *restrict u = g + inter;
-    float *restrict dst = out + r * inter;
-    for (int64_t i = 0; i < inter; ++i) dst[i] = g[i] / (1.0f + exp_clamped(-g[i])) * u[i];
+    const float *g = gate_up + r * 2 * inter, *u = g + inter;
+    float *dst = out + r * inter;
+    for (int64_t i = 0; i < inter; ++i) dst[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
   }
 }
