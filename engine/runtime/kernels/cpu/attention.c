@@ -364,12 +364,14 @@ static int64_t tile_rows(int64_t hq) {
   return MAX_ROW_HEADS / hq < TILE_ROWS ? MAX_ROW_HEADS / hq : TILE_ROWS;
 }
 
-/* A request's work items: row tiles of all heads; with too many heads, a decode row in tiles of
- * up to TILE_ROWS heads of one kv head, more rows in tiles of TILE_ROWS rows per query head. */
+/* A request's work items: a decode row in tiles of up to TILE_ROWS heads of one kv head (so a
+ * lone decode row still spreads over the threads: one row tile of every head is one item);
+ * more rows in row tiles of all heads, or with too many heads, tiles of TILE_ROWS rows per
+ * query head. */
 static int64_t items_of(int64_t rows, int64_t hq, int64_t hkv) {
+  if (rows == 1) return hkv * ceil_div(hq / hkv, TILE_ROWS);
   const int64_t n = tile_rows(hq);
-  if (n) return ceil_div(rows, n);
-  return rows == 1 ? hkv * ceil_div(hq / hkv, TILE_ROWS) : ceil_div(rows, TILE_ROWS) * hq;
+  return n ? ceil_div(rows, n) : ceil_div(rows, TILE_ROWS) * hq;
 }
 
 static int64_t batch_items(const int32_t *starts, int64_t seqs, int64_t hq, int64_t hkv) {
@@ -390,7 +392,7 @@ static void run_item(const Batch *b, int64_t r, int64_t w, float *scores, int64_
   const int64_t start = b->starts[r], rows = b->starts[r + 1] - start, d = b->d, hq = b->hq;
   const int64_t group = hq / b->hkv, width = hq * d;
   int64_t first_row = start, h, n, q_stride, out_stride;
-  const int64_t per_tile = tile_rows(hq);
+  const int64_t per_tile = rows == 1 ? 0 : tile_rows(hq);
   if (per_tile) { /* rows first_row .. first_row + n - 1, every head */
     first_row += w * per_tile;
     n = start + rows - first_row;
