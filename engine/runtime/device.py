@@ -108,7 +108,7 @@ def keep_freed_heap() -> None:
     faults). This keeps freed blocks up to ``KEEP_FREED_BYTES`` in the heap (a long prefill's
     peak stays resident) and puts every thread on one arena (another thread's arena holds at
     most 64 MB, so the engine thread's large blocks would be mapped anyway); a 2688-token step
-    took 25% less time, a 16-request burst 20% less. Elsewhere a no-op."""
+    took 20-27% less time, a 16-request burst 13-20% less. Elsewhere a no-op."""
     mallopt = _glibc("mallopt")
     if mallopt is None:
         return

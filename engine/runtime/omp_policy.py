@@ -4,8 +4,8 @@ kvgate's CPU kernels (engine/runtime/kernels/cpu/) run on their own thread pool,
 as torch has; torch's ops between them (embedding, residual adds, sampling) run on OpenMP's.
 libgomp's default, ``ACTIVE``, keeps its threads spinning after each parallel op, on the cores
 the next kernel's threads need: on a 2-core host, 16% of a 256-token prefill's CPU time was
-libgomp spinning (perf), and ``PASSIVE`` (its threads sleep at once) cut that prefill from 139
-to 100 ms (bench/results/vllm_peer.json has the shapes).
+libgomp spinning (perf), and ``PASSIVE`` (its threads sleep at once) cut that prefill from 134-150
+to 98-110 ms (bench/results/vllm_peer.json has the shapes).
 
 libgomp reads the variable once, when it is loaded (torch's import), so :func:`export` runs when
 the ``engine`` package is imported; a value already set is kept, and a process that imported
