@@ -80,6 +80,11 @@ def environment(threads: int) -> dict[str, Any]:
     }
 
 
+def result_file(out: Path, default: Path) -> Path:
+    """``--out`` as given, or ``default``'s file name inside it when it names a directory."""
+    return out / default.name if out.is_dir() else out
+
+
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")

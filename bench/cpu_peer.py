@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.common import result_file, write_json
 from bench.cpu_side import Spec, conversation
 from bench.peer_env import peer_python, pip_run
 from engine.runtime import omp_policy
@@ -187,10 +188,10 @@ def main(argv: Sequence[str]) -> int:
     for side in ("kvgate", "kvgate_int8", "llama_cpp"):
         row = ", ".join(f"{m} {result[side][m]['median']:.3f}" for m in METRICS)
         print(f"{side:>10}: {row}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    _plot(result, args.out.with_suffix(".png"))
-    print(f"results written to {args.out}")
+    out = result_file(args.out, RESULTS)
+    write_json(out, result)
+    _plot(result, out.with_suffix(".png"))
+    print(f"results written to {out}")
     return 0
 
 

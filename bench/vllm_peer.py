@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from bench.common import environment, model_dir, result_file, write_json
 from bench.peer_env import peer_python, pip_run
 
 RESULTS = Path(__file__).parent / "results" / "vllm_peer.json"
@@ -190,8 +191,6 @@ class _Vllm:
 
 
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    from bench.common import environment, model_dir
-
     path = model_dir(args.layers, args.model_dir)
     rng = random.Random(0)
     warmup = workloads(args, rng)  # compiles and warms both sides; not reported
@@ -307,8 +306,8 @@ def main(argv: Sequence[str]) -> int:
     print(json.dumps({k: result[k] for k in ("config", "load_s", "headlines")}, indent=2))
     for name, s in result["vllm_over_kvgate"].items():
         print(f"{name:>14}: vLLM / kvgate {s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    _plot(result, args.out.with_suffix(".png"))
-    print(f"results written to {args.out}")
+    out = result_file(args.out, RESULTS)
+    write_json(out, result)
+    _plot(result, out.with_suffix(".png"))
+    print(f"results written to {out}")
     return 0
