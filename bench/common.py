@@ -80,6 +80,13 @@ def environment(threads: int) -> dict[str, Any]:
     }
 
 
+def cpu_isa() -> str:
+    """torch's name for this CPU's vector ISA ("AVX512", "AVX2", ...): what a result ran on."""
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
 def result_file(out: Path, default: Path) -> Path:
     """``--out`` as given, or ``default``'s file name inside it when it names a directory."""
     return out / default.name if out.is_dir() else out

@@ -32,9 +32,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import result_file, write_json
+from bench.common import cpu_isa, result_file, write_json
 from bench.cpu_side import Spec, conversation
-from bench.peer_env import peer_python, pip_run
+from bench.peer_env import peer_python
 from engine.runtime import omp_policy
 
 RESULTS = Path(__file__).parent / "results" / "cpu_peer.json"
@@ -62,12 +62,12 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
 def _peer_python(given: Path | None) -> Path:
     if given is not None:
         return given
-    run = pip_run({**os.environ, "CMAKE_ARGS": " ".join(_ggml_flags())})
     return peer_python(
         PEER_VENV,
         "llama_cpp",
-        lambda pip: run([*pip, "install", "-q", PEER_PACKAGE]),
+        [["install", "-q", PEER_PACKAGE]],
         f"building {PEER_PACKAGE} from source",
+        env={**os.environ, "CMAKE_ARGS": " ".join(_ggml_flags())},
     )
 
 
@@ -79,7 +79,7 @@ def _ggml_flags() -> list[str]:
         "-DGGML_FMA=ON",
         "-DGGML_F16C=ON",
     ]
-    if _isa() == "AVX512":
+    if cpu_isa() == "AVX512":
         flags += [f"-DGGML_AVX512{x}=ON" for x in ("", "_VBMI", "_VNNI", "_BF16")]
     return flags
 
@@ -119,12 +119,6 @@ def _summary(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:
     }
 
 
-def _isa() -> str:
-    import torch
-
-    return str(torch.backends.cpu.get_cpu_capability())
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     model, peer = _model(args.model), _peer_python(args.peer_python)
     system, turns = conversation(model, args.tenant_prompt, args.turns + args.conversations + 2)
@@ -155,7 +149,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "repeats": args.repeats,
             "peer": PEER_PACKAGE,
             "cpu": platform.processor() or platform.machine(),
-            "isa": _isa(),
+            "isa": cpu_isa(),
         },
         # kvgate: the default (float32 activations); kvgate_int8: KVGATE_WEIGHTS=blocks-int8,
         # activations rounded to int8 per block of 32 as llama.cpp rounds them

@@ -4,32 +4,26 @@ from __future__ import annotations
 
 import subprocess
 import venv
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
 def peer_python(
     root: Path,
     module: str,
-    install: Callable[[list[str]], None],
+    pip_steps: Sequence[Sequence[str]],
     what: str,
+    env: Mapping[str, str] | None = None,
 ) -> Path:
-    """``root``'s interpreter once it imports ``module``: the environment is created there and
-    ``install(pip command)`` run into it the first time (``what`` says so; minutes)."""
+    """``root``'s interpreter once it imports ``module``: the first time the environment is
+    created there and each of ``pip_steps`` (pip's arguments) run in it, which must succeed
+    (``what`` says so; minutes)."""
     python = root / "bin" / "python"
     probe = [str(python), "-c", f"import {module}"]
     if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
         return python
     print(f"{what} into {root} (once; minutes)", flush=True)
     venv.create(root, with_pip=True)
-    install([str(python), "-m", "pip"])
+    for step in pip_steps:
+        subprocess.run([str(python), "-m", "pip", *step], check=True, env=env)
     return python
-
-
-def pip_run(env: Mapping[str, str] | None = None) -> Callable[[list[str]], None]:
-    """``run(command)``: a pip command that must succeed."""
-
-    def run(command: list[str]) -> None:
-        subprocess.run(command, check=True, env=env)
-
-    return run

