@@ -2,9 +2,13 @@
 int8 activations: against the dequantized weights in float64 (int8: against the same scheme
 computed in float64, and within its stated rounding bound), shapes with tails, bias, batch and
 thread invariance, the same bits from both builds, no 16-bit overflow at the extremes; GGUF
-bytes parsed as ``gguf.quants`` dequantizes them; Linear's choice."""
+bytes parsed as ``gguf.quants`` dequantizes them; Linear's choice; the thread pool every CPU
+kernel's call splits over (``kvgate_parallel_for``), probed from C (``pool_probe.c``)."""
 
 from __future__ import annotations
+
+import ctypes
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +17,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from engine.config import EngineConfig
-from engine.runtime.kernels.cpu import qgemm
+from engine.runtime.kernels.cpu import build, qgemm
 from engine.runtime.model.blocks import Q4_1, Q8_0, BlockWeight, cat_rows, embed
 from engine.runtime.model.linear import Linear
 
@@ -21,6 +25,7 @@ RUNNABLE = {"AVX512": ["avx512", "avx2"], "AVX2": ["avx2"]}.get(
     torch.backends.cpu.get_cpu_capability(), []
 )
 GGML = {Q4_1: GGMLQuantizationType.Q4_1, Q8_0: GGMLQuantizationType.Q8_0}
+POOL_PROBE = Path(__file__).with_name("pool_probe.c")
 
 
 @pytest.fixture(params=["avx512", "avx2"])
@@ -205,3 +210,19 @@ def test_the_engine_config_names_its_weight_choices() -> None:
     assert EngineConfig(weights="blocks-int8").weights == "blocks-int8"
     with pytest.raises(ValueError, match="auto, blocks-int8, dequantized"):
         EngineConfig(weights="int4")
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+def test_the_pool_runs_each_item_once_and_returns_after_the_last_part(
+    kernel: qgemm.QuantGemm, threads: int
+) -> None:
+    """100,000 calls back to back whose part counts change from call to call, as a decode
+    step's GEMMs and attention calls do: every item of a call ran exactly once and no part was
+    still running when its call returned (a late part would read its caller's arguments from a
+    stack frame that is gone). The pool before its ticket carried the part count failed this
+    5-150 times per thread count."""
+    probe = build.load_library(POOL_PROBE, kernel.isa, qgemm.ISA_FLAGS[kernel.isa])
+    assert probe is not None, "the probe did not build"
+    probe.kvgate_pool_probe.restype = ctypes.c_int64
+    probe.kvgate_pool_probe.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    assert probe.kvgate_pool_probe(kernel.parallel_for, 100_000, threads) == 0

@@ -244,6 +244,7 @@ int kvgate_q8_0_gemm(const float *x, int64_t m, int64_t k, const int8_t *qs, con
  * after the LM head) on a small machine. */
 #define SPIN_NS 100000
 #define PARTS_PER_THREAD 4
+_Static_assert((MAX_WORKERS + 1) * PARTS_PER_THREAD < 0x10000, "parts fit the ticket's 16 bits");
 
 static int64_t now_ns(void) {
   struct timespec t;
@@ -268,8 +269,12 @@ static pthread_mutex_t pool_in_use = PTHREAD_MUTEX_INITIALIZER;
 static struct {
   pthread_mutex_t lock;
   pthread_cond_t wake;
-  /* (call number << 32) | next unclaimed part: a part is claimed by moving it on, for the
-   * current call only */
+  /* (call number << 32) | (parts << 16) | next unclaimed part: a part is claimed by moving it
+   * on, for the current call only. The call's part count is in the same word, so a claim is
+   * checked against the parts of the call it claims: a thread still looking at the last call
+   * while the next one is being set up (fn, ctx, items written, ticket not yet moved) cannot
+   * claim a part past the last call's end, which would run the next call's task with its
+   * counters reset and let that call return before the part ends. */
   atomic_uint_fast64_t ticket;
   atomic_int completed, failed;
   int workers, sleeping;
@@ -280,15 +285,19 @@ static struct {
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
 
 /* Claim and run parts of call ``call`` until none is left. */
+#define TICKET_PART(t) ((int)((t) & 0xffffu))
+#define TICKET_PARTS(t) ((int)(((t) >> 16) & 0xffffu))
+
 static void run_parts(uint64_t call) {
   uint64_t t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
-  while ((t >> 32) == call && (int)(t & 0xffffffffu) < pool.parts) {
+  while ((t >> 32) == call && TICKET_PART(t) < TICKET_PARTS(t)) {
     if (!atomic_compare_exchange_weak_explicit(&pool.ticket, &t, t + 1, memory_order_acq_rel,
                                                memory_order_acquire))
       continue;
-    const int part = (int)(t & 0xffffffffu);
-    const int64_t p0 = pool.items * part / pool.parts;
-    const int64_t p1 = pool.items * (part + 1) / pool.parts;
+    /* claimed: the call cannot end before this part does, so its fields stay as they are */
+    const int part = TICKET_PART(t), parts = TICKET_PARTS(t);
+    const int64_t p0 = pool.items * part / parts;
+    const int64_t p1 = pool.items * (part + 1) / parts;
     if (pool.fn(pool.ctx, p0, p1) != 0) atomic_store(&pool.failed, 1);
     atomic_fetch_add_explicit(&pool.completed, 1, memory_order_release);
     t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
@@ -343,7 +352,8 @@ int kvgate_parallel_for(task_fn fn, const void *ctx, int64_t items, int threads)
   atomic_store(&pool.completed, 0);
   const uint64_t call = (atomic_load(&pool.ticket) >> 32) + 1;
   pthread_mutex_lock(&pool.lock);
-  atomic_store_explicit(&pool.ticket, call << 32, memory_order_release);
+  atomic_store_explicit(&pool.ticket, call << 32 | (uint64_t)pool.parts << 16,
+                        memory_order_release);
   if (pool.sleeping) pthread_cond_broadcast(&pool.wake);
   pthread_mutex_unlock(&pool.lock);
   run_parts(call);
