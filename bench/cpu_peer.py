@@ -103,7 +103,8 @@ def _side(
         env=env,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"{command[-1]} failed:\n{done.stderr[-3000:]}")
+        how = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+        raise RuntimeError(f"{command[-1]} failed ({how}):\n{done.stderr[-3000:]}")
     result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
