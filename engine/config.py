@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_BLOCK_SIZE = 64
-WEIGHTS = ("auto", "blocks-int8", "dequantized")  # EngineConfig.weights
+WEIGHTS = ("auto", "blocks-int16", "blocks-int8", "dequantized")  # EngineConfig.weights
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ class EngineConfig:
     kv_snapshot_key: str | None = field(default=None, repr=False)
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     # auto: a GGUF's Q4_1 / Q8_0 matrices stay in their blocks where the CPU block GEMM runs
-    # (engine/runtime/model/blocks.py), float32 activations; blocks-int8: the same blocks with
-    # activations rounded to int8 per block of 32 as llama.cpp does
+    # (engine/runtime/model/blocks.py), float32 activations; blocks-int16 / blocks-int8: the
+    # same blocks with activations rounded to int16 / int8 (as llama.cpp does) per block of 32
     # (engine/runtime/kernels/cpu/q8gemm.c); dequantized: every weight in ``dtype``
     weights: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N

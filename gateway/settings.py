@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from engine.config import WEIGHTS
 from gateway.usage.config import UsageSettings
 from gateway.usage.prices import parse_price_table
 from tenants.db import redact_url
@@ -194,12 +195,13 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_DTYPE", _choice("auto", "float32", "bfloat16", "float16"), "auto", "dtype"),
     Variable(
         "KVGATE_WEIGHTS",
-        _choice("auto", "blocks-int8", "dequantized"),
+        _choice(*WEIGHTS),
         "auto",
         "auto: a GGUF's Q4_1 / Q8_0 weights stay in their blocks on the CPU (kvgate's block "
-        "GEMM, float32 activations); blocks-int8: the same blocks with activations rounded to "
-        "int8 per block of 32, as llama.cpp does (faster, less exact); dequantized: every "
-        "weight in the engine dtype",
+        "GEMM, float32 activations); blocks-int16: the same blocks with activations rounded to "
+        "int16 per block of 32 (faster, within the float32 path's tolerance on the default "
+        "model); blocks-int8: rounded to int8, as llama.cpp does (fastest, least exact); "
+        "dequantized: every weight in the engine dtype",
     ),
     Variable(
         "KVGATE_GPU_MEMORY_UTILIZATION",

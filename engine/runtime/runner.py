@@ -58,6 +58,13 @@ from engine.runtime.tiers.host_pool import HostKVPool
 from engine.runtime.warmup import StepLimits, WarmupReport, profile_batch, run_warmup
 
 log = logging.getLogger(__name__)
+# EngineConfig.weights -> the activations of a linear whose weight is in GGUF blocks
+ACTIVATIONS = {
+    "auto": qgemm.FLOAT32,
+    "dequantized": qgemm.FLOAT32,  # (no weight stays in blocks)
+    "blocks-int16": qgemm.INT16,
+    "blocks-int8": qgemm.INT8,
+}
 
 __all__ = ["ModelRunner", "resolve_device"]
 
@@ -107,8 +114,8 @@ class ModelRunner:
         model = load_model(model_dir, choose_dtype(config.dtype, device), str(device), blocks)
         model_config, dtype, tokenizer = model.config, model.dtype, model.tokenizer
         log.info(describe(device, dtype, config.dtype))
-        int8 = config.weights == "blocks-int8"  # int8 activations where a weight is in blocks
-        decoder = Decoder(model_config, model.weights, dtype, str(device), int8_activations=int8)
+        activations = ACTIVATIONS[config.weights]  # where a weight is in blocks
+        decoder = Decoder(model_config, model.weights, dtype, str(device), activations=activations)
         del model  # the weights as loaded: the decoder holds what it uses
         if device.type == "cpu":
             release_freed_heap()  # what loading freed goes back to the OS

@@ -2,6 +2,8 @@
 against the same GGUF dequantized to float32: the first step's logits within a stated tolerance,
 and the same 32 greedy tokens on the test prompts. The weights are identical; only the order of
 the float32 sums differs (per block of 32, then scaled: engine/runtime/kernels/cpu/qgemm.c).
+``weights="blocks-int16"`` rounds every linear's input to int16 per block of 32 (q8gemm.c's
+int16 build) and is held to the same tolerance and the same greedy tokens.
 
 ``weights="blocks-int8"`` rounds every linear's input to int8 per block of 32, as llama.cpp
 does (q8gemm.c). Each linear then errs by 0.4-1% (relative norm, measured on this model), and
@@ -39,11 +41,17 @@ def _engine(gguf: Path, weights: str) -> Engine:
 
 
 @pytest.mark.timeout(600)
-def test_block_weights_agree_with_the_dequantized_model(default_gguf: Path) -> None:
+@pytest.mark.parametrize(
+    ("weights", "kind"), [("auto", qgemm.Q4_1), ("blocks-int16", qgemm.Q4_1_INT16)]
+)
+def test_block_weights_agree_with_the_dequantized_model(
+    default_gguf: Path, weights: str, kind: str
+) -> None:
     if qgemm.load() is None:
         pytest.skip("no block GEMM on this machine")
-    blocks, plain = _engine(default_gguf, "auto"), _engine(default_gguf, "dequantized")
+    blocks, plain = _engine(default_gguf, weights), _engine(default_gguf, "dequantized")
     assert isinstance(blocks.core.runner.decoder.embed, BlockWeight)
+    assert {x.qkv.blocks.kind for x in blocks.core.runner.decoder.layers if x.qkv.blocks} == {kind}
     assert not isinstance(plain.core.runner.decoder.embed, BlockWeight)
     tok = blocks.tokenizer
     greedy = SamplingParams(temperature=0.0, max_tokens=TOKENS, ignore_eos=True)

@@ -1,7 +1,7 @@
 """All decoder layers of a CPU forward in one C call (``engine/runtime/kernels/cpu/layers.c``)
 give the bits the per-op loop gives (same kernels, same order), for prefill chunks, decode rows
 and both in one batch, with biases (Qwen2) and without (Llama), in Q4_1 and Q8_0 blocks, with
-float32 and int8 activations; the loop is used only where every layer is in blocks; the C
+float32, int16 and int8 activations; the loop is used only where every layer is in blocks; the C
 SiLU(gate) * up agrees with torch's.
 CI runs this file under ``KVGATE_CPU_ISA=avx2`` as well."""
 
@@ -22,13 +22,16 @@ from tests.engine.model.factories import blocks, logits_of, make_hf_model, rando
 from tests.engine.model.gguf_factory import write_gguf
 from tests.engine.model.test_gguf_parity import gguf_runner
 
-# (architecture, GGUF type, EngineConfig.weights: float32 or int8 activations)
+# (architecture, GGUF type, EngineConfig.weights: float32, int16 or int8 activations)
 CASES = {
     "qwen2-q4_1": ("qwen2", "Q4_1", "auto"),
     "llama-q8_0": ("llama", "Q8_0", "auto"),
     "qwen2-q4_1-int8": ("qwen2", "Q4_1", "blocks-int8"),
     "llama-q8_0-int8": ("llama", "Q8_0", "blocks-int8"),
+    "llama-q4_1-int16": ("llama", "Q4_1", "blocks-int16"),
+    "qwen2-q8_0-int16": ("qwen2", "Q8_0", "blocks-int16"),
 }
+SUFFIX = {"auto": "", "blocks-int8": "/int8", "blocks-int16": "/int16"}  # of Linear's kind
 BLOCK = 4
 
 
@@ -42,7 +45,7 @@ def runner(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     path = write_gguf(tmp / "model.gguf", source, qtype)
     built = gguf_runner(path, BLOCK, num_blocks=96, weights=weights)
     kinds = {w.blocks.kind for w in _linears(built) if w.blocks is not None}
-    assert kinds == {f"{qtype.lower()}/int8" if weights == "blocks-int8" else qtype.lower()}
+    assert kinds == {qtype.lower() + SUFFIX[weights]}
     return built
 
 

@@ -1,7 +1,8 @@
-"""The block GEMM over GGUF Q4_1 / Q8_0 weights, each ISA build this CPU runs, with float32 and
-int8 activations: against the dequantized weights in float64 (int8: against the same scheme
-computed in float64, and within its stated rounding bound), shapes with tails, bias, batch and
-thread invariance, the same bits from both builds, no 16-bit overflow at the extremes; GGUF
+"""The block GEMM over GGUF Q4_1 / Q8_0 weights, each ISA build this CPU runs, with float32,
+int16 and int8 activations: against the dequantized weights in float64 (int16 / int8: against
+the same scheme computed in float64, and within its stated rounding bound), shapes with tails,
+bias, batch and thread invariance, the same bits from both builds, no overflow at the extremes;
+GGUF
 bytes parsed as ``gguf.quants`` dequantizes them; Linear's choice; the thread pool every CPU
 kernel's call splits over (``kvgate_parallel_for``), probed from C (``pool_probe.c``)."""
 
@@ -44,28 +45,50 @@ def block_weight(kind: str, n: int, k: int, seed: int = 0) -> BlockWeight:
     return BlockWeight.from_gguf(kind, quantize(w, GGML[kind]), (n, k))
 
 
-def pack(kernel: qgemm.QuantGemm, w: BlockWeight, int8: bool = False) -> qgemm.PackedBlocks:
+def pack(
+    kernel: qgemm.QuantGemm, w: BlockWeight, activations: str = qgemm.FLOAT32
+) -> qgemm.PackedBlocks:
     if w.m is None:
-        return kernel.pack_q8_0(w.q, w.d, int8=int8)
-    return kernel.pack_q4_1(w.q, w.d, w.m, int8=int8)
+        return kernel.pack_q8_0(w.q, w.d, activations=activations)
+    return kernel.pack_q4_1(w.q, w.d, w.m, activations=activations)
 
 
-def int8_reference(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
-    """q8gemm.c's scheme in float64: x rounded per block of 32 (dx = max|x| / 127, half to
-    even), each block's integer dot product scaled by float32 dw * dx, plus mw * sum(x)."""
+def integer_reference(
+    x: torch.Tensor, w: BlockWeight, activations: str, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """q8gemm.c's scheme, its float32 operations in its order: x rounded per block of 32
+    (dx = max|x| / L, L = 127 for int8 or 32767 for int16, half to even), each block's exact
+    integer dot product converted to float32 and added as ``fma(dw * dx, sum, y)``, then
+    (Q4_1) ``fma(mw, sum(x), y)`` with sum(x) added in index order; the bias last. Each fma is
+    a float64 product and sum rounded to float32, which can differ from a fused one by an ulp."""
+    levels = float(qgemm.LEVELS[activations])
     m, k = x.shape
     xb = x.view(m, k // 32, 32)
     amax = xb.abs().amax(-1).double()  # divisions in float64, then rounded: IEEE float32's
-    dx = (amax / 127.0).float()
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax)).float()
+    dx = (amax / levels).float()
+    inv = torch.where(amax > 0, levels / amax, torch.zeros_like(amax)).float()
     qx = torch.round(xb * inv.unsqueeze(-1)).double()  # float32 product, then half to even
     qw = w.q.double().view(w.shape[0], k // 32, 32)
-    dots = torch.einsum("mbi,nbi->mnb", qx, qw)  # exact integers
-    scale = w.d.float().unsqueeze(0) * dx.unsqueeze(1)  # [m, n, blocks] in float32
-    out = (dots * scale.double()).sum(-1)
-    if w.m is not None:
-        out += xb.sum(-1).double() @ w.m.double().T
-    return out
+    sums = torch.einsum("mbi,nbi->mnb", qx, qw).float()  # exact integers, then float32
+    xsum = torch.zeros(m, k // 32)
+    for i in range(32):
+        xsum = xsum + xb[..., i]
+    out = torch.zeros(m, w.shape[0])
+    for b in range(k // 32):
+        scale = w.d.float()[:, b].unsqueeze(0) * dx[:, b].unsqueeze(1)  # float32 [m, n]
+        out = _fma32(scale, sums[:, :, b], out)
+        if w.m is not None:
+            out = _fma32(w.m.float()[:, b].unsqueeze(0), xsum[:, b].unsqueeze(1), out)
+    return out if bias is None else bias + out
+
+
+def _fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return (a.double() * b.double() + c.double()).float()
+
+
+def assert_within_an_ulp(got: torch.Tensor, want: torch.Tensor) -> None:
+    ulp = torch.nextafter(want.abs(), torch.tensor(float("inf"))) - want.abs()
+    assert ((got - want).abs() <= ulp).all(), (got - want).abs().max()
 
 
 @pytest.mark.parametrize("kind", [Q4_1, Q8_0])
@@ -93,22 +116,28 @@ def test_matches_the_dequantized_weight(
     assert kernel.matmul(x[:0], pack(kernel, w), None).shape == (0, n)
 
 
+ROUNDED = {qgemm.INT8: 1e-4, qgemm.INT16: 1e-6}  # error, of scale, that shows the rounding
+
+
+@pytest.mark.parametrize("activations", [qgemm.INT8, qgemm.INT16])
 @pytest.mark.parametrize("kind", [Q4_1, Q8_0])
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 64, 32), (3, 40, 96), (8, 100, 64), (131, 17, 64)])
-def test_int8_activations_compute_their_scheme_within_its_bound(
-    kernel: qgemm.QuantGemm, kind: str, m: int, n: int, k: int
+def test_integer_activations_compute_their_scheme_within_its_bound(
+    kernel: qgemm.QuantGemm, kind: str, m: int, n: int, k: int, activations: str
 ) -> None:
+    """The kernel's result is its scheme's (an input rounded the other way would be off by
+    about 4e-4 (int8) or 1.5e-6 (int16) of scale here, tens of ulps), within the rounding
+    bound of the exact products."""
     w = block_weight(kind, n, k, seed=m)
     x, b = torch.randn(m, k), torch.randn(n)
-    got = kernel.matmul(x, pack(kernel, w, int8=True), b).double()
+    got = kernel.matmul(x, pack(kernel, w, activations), b)
+    assert_within_an_ulp(got, integer_reference(x, w, activations, b))
     scale = (x.abs().double() @ w.dequantize().abs().double().T).clamp_min(1.0)
-    # one input rounded the other way would be off by about 4e-4 of scale here
-    assert ((got - (int8_reference(x, w) + b.double())).abs() <= 1e-5 * scale).all()
     exact = x.double() @ w.dequantize().double().T + b.double()
-    error = (got - exact).abs()
-    bound = qgemm.int8_error_bound(x, w.dequantize(offset=False)).double()
+    error = (got.double() - exact).abs()
+    bound = qgemm.rounding_bound(x, w.dequantize(offset=False), activations).double()
     assert (error <= bound + 1e-5 * scale).all()
-    assert error.max() > 1e-4 * scale.max()  # the activations really were rounded
+    assert error.max() > ROUNDED[activations] * scale.max()  # the activations really were rounded
 
 
 @pytest.mark.parametrize("kind", [Q4_1, Q8_0])
@@ -125,18 +154,37 @@ def test_int8_sums_do_not_overflow_at_the_extremes(kernel: qgemm.QuantGemm, kind
     )
     x = torch.full((2, k), 127.0)  # dx = 1: every product exact
     x[1] = -127.0
-    got = kernel.matmul(x, pack(kernel, w, int8=True), None)
-    assert torch.equal(got.double(), int8_reference(x, w))
+    got = kernel.matmul(x, pack(kernel, w, qgemm.INT8), None)
+    assert torch.equal(got, integer_reference(x, w, qgemm.INT8))
     assert torch.equal(got, x @ w.dequantize().T)
 
 
-@pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
+@pytest.mark.parametrize("kind", [Q4_1, Q8_0])
+def test_int16_sums_do_not_overflow_at_the_extremes(kernel: qgemm.QuantGemm, kind: str) -> None:
+    """Every weight at its largest magnitude (15, or -128) and every input at max|x|: a block's
+    32-bit sum is at its bound (32 * 15 * 32767, or 32 * 128 * 32767: 2^31 / 2^31.0001)."""
+    n, k = 20, 64
+    q = torch.full((n, k), 15 if kind == Q4_1 else -128)
+    w = BlockWeight(
+        kind,
+        q.to(torch.uint8 if kind == Q4_1 else torch.int8),
+        torch.full((n, k // 32), 0.5, dtype=torch.float16),
+        torch.zeros(n, k // 32, dtype=torch.float16) if kind == Q4_1 else None,
+    )
+    x = torch.full((2, k), 32767.0)  # dx = 1: every product exact, every sum exact in float32
+    x[1] = -32767.0
+    got = kernel.matmul(x, pack(kernel, w, qgemm.INT16), None)
+    assert torch.equal(got, integer_reference(x, w, qgemm.INT16))
+    assert torch.equal(got.double(), x.double() @ w.dequantize().double().T)
+
+
+@pytest.mark.parametrize("activations", qgemm.ACTIVATIONS)
 @pytest.mark.parametrize("kind", [Q4_1, Q8_0])
 def test_a_row_does_not_depend_on_batch_or_threads(
-    kernel: qgemm.QuantGemm, kind: str, int8: bool
+    kernel: qgemm.QuantGemm, kind: str, activations: str
 ) -> None:
     w = block_weight(kind, 3072, 576)
-    packed, x = pack(kernel, w, int8), torch.randn(9, 576)
+    packed, x = pack(kernel, w, activations), torch.randn(9, 576)
     alone = kernel.matmul(x[4:5], packed, None)
     before = torch.get_num_threads()
     try:
@@ -148,14 +196,14 @@ def test_a_row_does_not_depend_on_batch_or_threads(
 
 
 @pytest.mark.skipif(len(RUNNABLE) < 2, reason="needs a CPU that runs both builds")
-@pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
+@pytest.mark.parametrize("activations", qgemm.ACTIVATIONS)
 @pytest.mark.parametrize("kind", [Q4_1, Q8_0])
-def test_both_builds_give_the_same_bits(kind: str, int8: bool) -> None:
+def test_both_builds_give_the_same_bits(kind: str, activations: str) -> None:
     w, x = block_weight(kind, 200, 320), torch.randn(7, 320)
     wide, narrow = qgemm.load("avx512"), qgemm.load("avx2")
     assert wide is not None and narrow is not None
-    got = wide.matmul(x, pack(wide, w, int8), None)
-    assert torch.equal(got, narrow.matmul(x, pack(narrow, w, int8), None))
+    got = wide.matmul(x, pack(wide, w, activations), None)
+    assert torch.equal(got, narrow.matmul(x, pack(narrow, w, activations), None))
 
 
 def test_bad_arguments_are_refused_before_the_call_into_c(kernel: qgemm.QuantGemm) -> None:
@@ -192,23 +240,30 @@ def test_rows_of_one_format_stay_in_blocks() -> None:
     assert isinstance(mixed, torch.Tensor) and mixed.shape == (12, 64)
 
 
-def test_linear_with_int8_activations_stays_within_the_rounding_bound() -> None:
+@pytest.mark.parametrize(
+    ("activations", "kind"), [(qgemm.INT8, qgemm.Q4_1_INT8), (qgemm.INT16, qgemm.Q4_1_INT16)]
+)
+def test_linear_with_integer_activations_stays_within_the_rounding_bound(
+    activations: str, kind: str
+) -> None:
     if qgemm.load() is None:
         pytest.skip("no block GEMM on this machine")
     w, b, x = block_weight(Q4_1, 96, 64), torch.randn(96), torch.randn(2, 5, 64)
-    layer = Linear(w, b, int8_activations=True)
-    assert layer.blocks is not None and layer.blocks.kind == qgemm.Q4_1_INT8
+    layer = Linear(w, b, activations=activations)
+    assert layer.blocks is not None and layer.blocks.kind == kind
     exact = torch.nn.functional.linear(x, w.dequantize(), b)
-    bound = qgemm.int8_error_bound(x.view(10, 64), w.dequantize(offset=False)).view(2, 5, 96)
+    bound = qgemm.rounding_bound(x.view(10, 64), w.dequantize(offset=False), activations)
     error = (layer(x) - exact).abs()
-    assert (error <= bound + 1e-4).all() and error.max() > 1e-5
+    assert (error <= bound.view(2, 5, 96) + 1e-4).all()
+    assert error.max() > ROUNDED[activations]  # rounded (the outputs' scale is about 1)
     plain = Linear(w, b).blocks
     assert plain is not None and plain.kind == qgemm.Q4_1
 
 
 def test_the_engine_config_names_its_weight_choices() -> None:
     assert EngineConfig(weights="blocks-int8").weights == "blocks-int8"
-    with pytest.raises(ValueError, match="auto, blocks-int8, dequantized"):
+    assert EngineConfig(weights="blocks-int16").weights == "blocks-int16"
+    with pytest.raises(ValueError, match="auto, blocks-int16, blocks-int8, dequantized"):
         EngineConfig(weights="int4")
 
 

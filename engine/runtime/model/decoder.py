@@ -13,6 +13,7 @@ import torch
 from engine.runtime.kernels import paged_attention, rms_norm, rope_store_kv, silu_mul
 from engine.runtime.kernels.cpu import layers as cpu_layers
 from engine.runtime.kernels.cpu import ops as cpu_ops
+from engine.runtime.kernels.cpu.qgemm import FLOAT32
 from engine.runtime.kernels.metadata import AttentionMetadata
 from engine.runtime.model.blocks import embed
 from engine.runtime.model.config import ModelConfig
@@ -23,12 +24,12 @@ KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hk
 
 
 class _Layer:
-    def __init__(self, w: LayerWeights, cfg: ModelConfig, int8: bool) -> None:
+    def __init__(self, w: LayerWeights, cfg: ModelConfig, activations: str) -> None:
         self.input_norm, self.post_norm = w.input_norm, w.post_norm
-        self.qkv = Linear(w.qkv, w.qkv_bias, int8_activations=int8)
-        self.o_proj = Linear(w.o_proj, w.o_bias, int8_activations=int8)
-        self.gate_up = Linear(w.gate_up, int8_activations=int8)
-        self.down = Linear(w.down, int8_activations=int8)
+        self.qkv = Linear(w.qkv, w.qkv_bias, activations=activations)
+        self.o_proj = Linear(w.o_proj, w.o_bias, activations=activations)
+        self.gate_up = Linear(w.gate_up, activations=activations)
+        self.down = Linear(w.down, activations=activations)
         self.eps = cfg.rms_norm_eps
         self.heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         self.inter = cfg.intermediate_size
@@ -60,9 +61,9 @@ def _fused(layers: list[_Layer], cfg: ModelConfig) -> cpu_layers.FusedLayers | N
 
 
 class Decoder:
-    """Stateless forward; K/V live in the caller's cache tensors. ``int8_activations``: the
-    linears whose weights are in GGUF blocks round their input to int8 per block of 32
-    (``engine/runtime/kernels/cpu/qgemm.py``)."""
+    """Stateless forward; K/V live in the caller's cache tensors. ``activations``: the
+    precision in which the linears whose weights are in GGUF blocks meet their input (float32,
+    or rounded to int16 / int8 per block of 32: ``engine/runtime/kernels/cpu/qgemm.py``)."""
 
     def __init__(
         self,
@@ -71,14 +72,14 @@ class Decoder:
         dtype: torch.dtype,
         device: str,
         *,
-        int8_activations: bool = False,
+        activations: str = FLOAT32,
     ) -> None:
         self.cfg = cfg
         self.dtype = dtype
         self.embed = weights.embed
         self.norm = weights.norm
-        self.lm_head = Linear(weights.lm_head, int8_activations=int8_activations)
-        self.layers = [_Layer(w, cfg, int8_activations) for w in weights.layers]
+        self.lm_head = Linear(weights.lm_head, activations=activations)
+        self.layers = [_Layer(w, cfg, activations) for w in weights.layers]
         self.scale = cfg.head_dim**-0.5
         # cos/sin tables [max_position, D], computed in float32 as HF does, then cast.
         inv_freq = cfg.rope.inv_freq(cfg.head_dim)

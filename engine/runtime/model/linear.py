@@ -4,7 +4,7 @@ CPU, float32, in order of preference, each checked once against ``F.linear`` on 
 
 - a weight kept in a GGUF block format (``blocks.py``): kvgate's block GEMM
   (``engine/runtime/kernels/cpu/qgemm.py``), which reads the blocks as stored, with float32
-  activations or (``int8_activations``) activations rounded to int8 per block of 32, checked
+  activations or (``activations`` int16 / int8) activations rounded per block of 32, checked
   within that rounding's bound; where it cannot run, the weight is dequantized and takes the
   float32 paths below;
 - x86 with AVX-512 or AVX2: kvgate's packed-panel GEMM (``engine/runtime/kernels/cpu/gemm.py``);
@@ -38,11 +38,12 @@ def _agrees(
     bias: torch.Tensor | None,
     outputs: int | None = None,
     rounded: torch.Tensor | None = None,
+    activations: str = qgemm.FLOAT32,
 ) -> bool:
     """``fn`` gives ``F.linear``'s answer on a probe (its first ``outputs`` columns, when given:
-    ``weight`` holds only those rows); where ``fn`` rounds its input to int8, within that
-    rounding's bound more (``rounded``: the weight's part that meets the rounded input,
-    ``qgemm.int8_error_bound``)."""
+    ``weight`` holds only those rows); where ``fn`` rounds its input to ``activations``, within
+    that rounding's bound more (``rounded``: the weight's part that meets the rounded input,
+    ``qgemm.rounding_bound``)."""
     probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0))
     try:
         got = fn(probe)[:, :outputs]
@@ -53,7 +54,7 @@ def _agrees(
     scale = F.linear(probe.abs(), weight.abs()).clamp_min(1.0)
     allowed = 1e-5 * scale
     if rounded is not None:
-        allowed = allowed + qgemm.int8_error_bound(probe, rounded)
+        allowed = allowed + qgemm.rounding_bound(probe, rounded, activations)
     return bool(((got - want).abs() <= allowed).all())
 
 
@@ -78,23 +79,25 @@ def _onednn(weight: torch.Tensor, bias: torch.Tensor | None) -> MatMul | None:
 
 
 def _block_matmul(
-    weight: BlockWeight, bias: torch.Tensor | None, int8: bool
+    weight: BlockWeight, bias: torch.Tensor | None, activations: str
 ) -> tuple[MatMul, qgemm.PackedBlocks] | None:
     kernel = qgemm.load()
     if kernel is None or weight.device.type != "cpu":
         return None
     if weight.m is None:
-        packed = kernel.pack_q8_0(weight.q, weight.d, int8=int8)
+        packed = kernel.pack_q8_0(weight.q, weight.d, activations=activations)
     else:
-        packed = kernel.pack_q4_1(weight.q, weight.d, weight.m, int8=int8)
+        packed = kernel.pack_q4_1(weight.q, weight.d, weight.m, activations=activations)
     bias = None if bias is None else bias.contiguous()
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         return kernel.matmul(x, packed, bias)
 
     probe_rows = torch.arange(min(PROBE_OUTPUTS, weight.shape[0]))
-    rounded = weight.dequantize(probe_rows, offset=False) if int8 else None
-    agrees = _agrees(fn, weight.dequantize(probe_rows), bias, len(probe_rows), rounded)
+    integer = activations != qgemm.FLOAT32
+    rounded = weight.dequantize(probe_rows, offset=False) if integer else None
+    plain = weight.dequantize(probe_rows)
+    agrees = _agrees(fn, plain, bias, len(probe_rows), rounded, activations)
     return (fn, packed) if agrees else None
 
 
@@ -112,16 +115,17 @@ class Linear:
         weight: torch.Tensor | BlockWeight,
         bias: torch.Tensor | None = None,
         *,
-        int8_activations: bool = False,
+        activations: str = qgemm.FLOAT32,
     ) -> None:
-        """``int8_activations``: a weight in blocks takes the int8-activation kernel."""
+        """``activations``: the precision a weight in blocks meets its input in
+        (``qgemm.ACTIVATIONS``; the kernel of that precision)."""
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.matmul: MatMul | None = None  # a packed CPU path
         # the block GEMM's packed weight, where that is the path (the fused CPU layers read it)
         self.blocks: qgemm.PackedBlocks | None = None
         if isinstance(weight, BlockWeight):
-            block = _block_matmul(weight, bias, int8_activations)
+            block = _block_matmul(weight, bias, activations)
             if block is not None:
                 self.matmul, self.blocks = block
                 self.bias = None if bias is None else bias.contiguous()

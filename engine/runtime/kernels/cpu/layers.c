@@ -33,7 +33,7 @@ typedef int (*attention_fn)(const float *q, int64_t q_row_stride, const float *k
                             int64_t seqs, parallel_fn parallel, int threads);
 
 typedef struct {
-  gemm_fn gemm[4]; /* by Linear.kind (qgemm.py's KINDS): Q4_1, Q8_0, then both on int8 x */
+  gemm_fn gemm[6]; /* by Linear.kind (qgemm.py's KINDS): Q4_1, Q8_0, both on int8 x, both on int16 x */
   norm_fn rms_norm;
   rope_fn rope_store_kv;
   silu_fn silu_mul;

@@ -3,15 +3,16 @@
 
 ``y = x @ W.T + b`` with float32 ``x`` and ``y``: the weight stays 5 (Q4_1) or 8.5 (Q8_0) bits a
 weight in memory, so a decode step reads a sixth to a quarter of the bytes the float32 GEMM
-reads. Two kernels, by the activations' precision (the ``int8`` flag of ``pack_*``):
+reads. Three kernels, by the activations' precision (the ``activations`` of ``pack_*``):
 
 - float32 (``qgemm.c``): the weight is widened in registers; the sums are float32 products of
   the stored weights, scaled once per block of 32;
-- int8 (``q8gemm.c``): each row of ``x`` is quantized per block of 32 (as llama.cpp does), so a
-  block's dot product is an exact integer sum at four multiply-adds an instruction; the error is
-  the rounding of ``x``, at most ``max|x| / 254`` an input (:func:`int8_error_bound`).
+- int16 and int8 (``q8gemm.c``, built once for each): each row of ``x`` is quantized per block
+  of 32 (int8 as llama.cpp does), so a block's dot product is an exact integer sum at two (int16)
+  or four (int8) multiply-adds an instruction; the error is the rounding of ``x``, at most
+  ``max|x| / 65534`` or ``max|x| / 254`` an input (:func:`rounding_bound`).
 
-Both run every sum in the same order for any row count, thread count and ISA. :func:`load`
+All run every sum in the same order for any row count, thread count and ISA. :func:`load`
 gives None where they cannot run (other CPUs, no compiler, ``KVGATE_CPU_GEMM=0``); callers then
 dequantize to float32.
 """
@@ -29,19 +30,26 @@ import torch
 from engine.runtime.kernels.cpu import build, gemm
 
 SOURCE = Path(__file__).with_name("qgemm.c")
-Q8_SOURCE = Path(__file__).with_name("q8gemm.c")
+Q8_SOURCE = Path(__file__).with_name("q8gemm.c")  # built twice: int8, and int16 (-DKVGATE_X16)
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma", "-mf16c"), "avx2": ("-mavx2", "-mfma", "-mf16c")}
-# torch's AVX512 capability (gemm.best_isa) includes BW, which the int8 kernel's byte ops need
+# torch's AVX512 capability (gemm.best_isa) includes BW, which the integer kernels' byte ops need
 Q8_ISA_FLAGS = {**ISA_FLAGS, "avx512": ("-mavx512f", "-mavx512bw", "-mfma", "-mf16c")}
+FLOAT32, INT16, INT8 = "float32", "int16", "int8"  # the activations' precision
+ACTIVATIONS = (FLOAT32, INT16, INT8)
+LEVELS = {INT16: 32767, INT8: 127}  # an integer kind's largest |x| step count
 Q4_1, Q8_0, Q4_1_INT8, Q8_0_INT8 = "q4_1", "q8_0", "q4_1/int8", "q8_0/int8"
-# each kind's C function (the same signature): in qgemm.c's library, or q8gemm.c's (int8)
+Q4_1_INT16, Q8_0_INT16 = "q4_1/int16", "q8_0/int16"
+# each kind's activations (so its library) and C function (the same signature)
 FUNCTIONS = {
-    Q4_1: (False, "kvgate_q4_1_gemm_threads"),
-    Q8_0: (False, "kvgate_q8_0_gemm_threads"),
-    Q4_1_INT8: (True, "kvgate_q4_1_q8_gemm_threads"),
-    Q8_0_INT8: (True, "kvgate_q8_0_q8_gemm_threads"),
+    Q4_1: (FLOAT32, "kvgate_q4_1_gemm_threads"),
+    Q8_0: (FLOAT32, "kvgate_q8_0_gemm_threads"),
+    Q4_1_INT8: (INT8, "kvgate_q4_1_q8_gemm_threads"),
+    Q8_0_INT8: (INT8, "kvgate_q8_0_q8_gemm_threads"),
+    Q4_1_INT16: (INT16, "kvgate_q4_1_q16_gemm_threads"),
+    Q8_0_INT16: (INT16, "kvgate_q8_0_q16_gemm_threads"),
 }
 KINDS = tuple(FUNCTIONS)  # the order of ``QuantGemm.functions``
+_KIND = {(f, a): k for k, (a, _) in FUNCTIONS.items() for f in (Q4_1, Q8_0) if k.startswith(f)}
 QBLOCK = 32  # weights per block along the input dimension
 _MIN_SPLIT_MACS = 1 << 20
 
@@ -63,58 +71,59 @@ class PackedBlocks:
 
 @dataclass(frozen=True)
 class QuantGemm:
-    lib: ctypes.CDLL
-    q8: ctypes.CDLL  # the int8-activation kernel
+    libraries: dict[str, ctypes.CDLL]  # by activations: qgemm.c's, q8gemm.c's int16 and int8
     isa: str
-    panel: int  # outputs per panel: two vectors (the same in both kernels)
+    panel: int  # outputs per panel: two vectors (the same in every kernel)
 
     @property
     def parallel_for(self) -> int:
         """The address of ``kvgate_parallel_for`` (its thread pool), for other C kernels."""
-        return build.function_address(self.lib, "kvgate_parallel_for")
+        return build.function_address(self.libraries[FLOAT32], "kvgate_parallel_for")
 
     @property
     def functions(self) -> tuple[int, ...]:
         """The addresses of the ``*_gemm_threads`` functions, in the order of KINDS."""
         return tuple(
-            build.function_address(self.q8 if int8 else self.lib, name)
-            for int8, name in FUNCTIONS.values()
+            build.function_address(self.libraries[act], name) for act, name in FUNCTIONS.values()
         )
 
     def function(self, kind: str) -> Callable[..., int]:
         """The C function for a packed weight of ``kind``."""
-        int8, name = FUNCTIONS[kind]
-        fn: Callable[..., int] = getattr(self.q8 if int8 else self.lib, name)
+        act, name = FUNCTIONS[kind]
+        fn: Callable[..., int] = getattr(self.libraries[act], name)
         return fn
 
     def pack_q4_1(
-        self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, *, int8: bool = False
+        self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, *, activations: str = FLOAT32
     ) -> PackedBlocks:
-        """q [n, k] uint8 in 0..15, d and m [n, k / 32] float16 (weight = d * q + m); ``int8``:
-        for the int8-activation kernel (``q8gemm.c``'s layout)."""
+        """q [n, k] uint8 in 0..15, d and m [n, k / 32] float16 (weight = d * q + m), for the
+        kernel of ``activations`` (the integer kernels share ``q8gemm.c``'s layout)."""
         n, k = _check_blocks(q, d, torch.uint8)
         p, half = -(-n // self.panel), self.panel // 2
         padded = _pad(q, p * self.panel)
-        if int8:  # [panels, blocks, 4 parts, panel, 2 halves, 4]: a byte holds both halves
+        if activations != FLOAT32:  # [panels, blocks, 4 parts, panel, 2 halves, 4]
             parts = padded.view(p, self.panel, k // QBLOCK, 4, 2, 4).permute(0, 2, 3, 1, 4, 5)
-            qs = (parts[..., 0, :] | (parts[..., 1, :] << 4)).contiguous()
+            qs = (parts[..., 0, :] | (parts[..., 1, :] << 4)).contiguous()  # a byte: both
         else:  # [panels, blocks, 32, panel]: a byte holds two outputs
             panels = padded.view(p, self.panel, k // QBLOCK, QBLOCK).permute(0, 2, 3, 1)
             qs = (panels[..., :half] | (panels[..., half:] << 4)).contiguous()
         scales = torch.stack((self._scale_panels(d, p), self._scale_panels(m, p)), dim=2)
-        return PackedBlocks(Q4_1_INT8 if int8 else Q4_1, qs, scales.contiguous(), n, k)
+        return PackedBlocks(_KIND[Q4_1, activations], qs, scales.contiguous(), n, k)
 
-    def pack_q8_0(self, q: torch.Tensor, d: torch.Tensor, *, int8: bool = False) -> PackedBlocks:
-        """q [n, k] int8, d [n, k / 32] float16 (weight = d * q); ``int8`` as in pack_q4_1."""
+    def pack_q8_0(
+        self, q: torch.Tensor, d: torch.Tensor, *, activations: str = FLOAT32
+    ) -> PackedBlocks:
+        """q [n, k] int8, d [n, k / 32] float16 (weight = d * q); ``activations`` as in
+        pack_q4_1."""
         n, k = _check_blocks(q, d, torch.int8)
         p = -(-n // self.panel)
         padded = _pad(q, p * self.panel)
-        if int8:  # [panels, blocks, 8 parts, panel, 4]
+        if activations != FLOAT32:  # [panels, blocks, 8 parts, panel, 4]
             qs = padded.view(p, self.panel, k // QBLOCK, 8, 4).permute(0, 2, 3, 1, 4)
         else:  # [panels, blocks, 32, panel]
             qs = padded.view(p, self.panel, k // QBLOCK, QBLOCK).permute(0, 2, 3, 1)
         scales = self._scale_panels(d, p).contiguous()
-        return PackedBlocks(Q8_0_INT8 if int8 else Q8_0, qs.contiguous(), scales, n, k)
+        return PackedBlocks(_KIND[Q8_0, activations], qs.contiguous(), scales, n, k)
 
     def _scale_panels(self, s: torch.Tensor, panels: int) -> torch.Tensor:
         return _pad(s, panels * self.panel).view(panels, self.panel, -1).transpose(1, 2)
@@ -138,13 +147,13 @@ class QuantGemm:
         return out
 
 
-def int8_error_bound(x: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
-    """The most the int8 kernel's ``x @ W.T`` [m, n] can differ from exact products of the
-    same weights: each input rounds by at most half its block's step ``max|x| / 127`` and meets
-    ``scaled`` = d * q [n, k] (Q4_1's offset m meets the exact block sum of x), so a block errs
-    by at most ``max|x| / 254 * sum|d * q|``."""
+def rounding_bound(x: torch.Tensor, scaled: torch.Tensor, activations: str) -> torch.Tensor:
+    """The most an integer kernel's ``x @ W.T`` [m, n] can differ from exact products of the
+    same weights: each input rounds by at most half its block's step ``max|x| / LEVELS`` and
+    meets ``scaled`` = d * q [n, k] (Q4_1's offset m meets the exact block sum of x), so a block
+    errs by at most ``max|x| / (2 * LEVELS) * sum|d * q|``."""
     m, k = x.shape
-    half_step = x.abs().view(m, k // QBLOCK, QBLOCK).amax(-1) / 254.0
+    half_step = x.abs().view(m, k // QBLOCK, QBLOCK).amax(-1) / (2.0 * LEVELS[activations])
     weight = scaled.abs().view(scaled.shape[0], k // QBLOCK, QBLOCK).sum(-1)
     return half_step @ weight.T
 
@@ -181,22 +190,32 @@ def _check_call(x: torch.Tensor, w: PackedBlocks, bias: torch.Tensor | None) -> 
 
 @functools.cache
 def _load(isa: str) -> QuantGemm | None:
-    lib = build.load_library(SOURCE, isa, ISA_FLAGS[isa])
-    q8 = build.load_library(Q8_SOURCE, isa, Q8_ISA_FLAGS[isa])
-    if lib is None or q8 is None:
+    libraries = {
+        FLOAT32: build.load_library(SOURCE, isa, ISA_FLAGS[isa]),
+        INT8: build.load_library(Q8_SOURCE, isa, Q8_ISA_FLAGS[isa]),
+        INT16: build.load_library(Q8_SOURCE, isa, (*Q8_ISA_FLAGS[isa], "-DKVGATE_X16")),
+    }
+    built = {act: lib for act, lib in libraries.items() if lib is not None}
+    if len(built) < len(libraries):
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    for int8, name in FUNCTIONS.values():
-        fn = getattr(q8 if int8 else lib, name)
+    for act, name in FUNCTIONS.values():
+        fn = getattr(built[act], name)
         fn.restype = ctypes.c_int
         fn.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ctypes.c_int]
-    lib.kvgate_qgemm_panel.restype = q8.kvgate_q8gemm_panel.restype = ctypes.c_int
+    lib = built[FLOAT32]
+    lib.kvgate_qgemm_panel.restype = ctypes.c_int
     panel = lib.kvgate_qgemm_panel()
-    if q8.kvgate_q8gemm_panel() != panel:
-        raise RuntimeError(f"qgemm.c and q8gemm.c disagree on the panel width ({isa})")
-    q8.kvgate_q8gemm_use_pool.argtypes = [ptr]
-    q8.kvgate_q8gemm_use_pool(build.function_address(lib, "kvgate_parallel_for"))
-    return QuantGemm(lib, q8, isa, panel)
+    pool = build.function_address(lib, "kvgate_parallel_for")
+    for act, tag in ((INT8, "q8"), (INT16, "q16")):
+        panel_of = getattr(built[act], f"kvgate_{tag}gemm_panel")
+        panel_of.restype = ctypes.c_int
+        if panel_of() != panel:
+            raise RuntimeError(f"qgemm.c and q8gemm.c ({act}) disagree on the panel ({isa})")
+        use_pool = getattr(built[act], f"kvgate_{tag}gemm_use_pool")
+        use_pool.argtypes = [ptr]
+        use_pool(pool)
+    return QuantGemm(built, isa, panel)
 
 
 def load(isa: str | None = None) -> QuantGemm | None:
