@@ -42,6 +42,13 @@ PEER_SCRIPT = Path(__file__).with_name("llama_side.py")
 PEER_PACKAGE = "llama-cpp-python==0.3.36"
 PEER_VENV = Path.home() / ".cache" / "kvgate" / "bench" / "llama-venv"
 METRICS = ("startup_s", "rss_mb", "ttft_s", "decode_tok_s", "aggregate_tok_s")
+# kvgate's sides: result key -> (KVGATE_WEIGHTS, the plot's label). kvgate: the default, float32
+# activations; the others round the activations per block of 32 (int8 as llama.cpp does)
+SIDES = {
+    "kvgate": ("auto", "kvgate (float32 activations)"),
+    "kvgate_int16": ("blocks-int16", "kvgate blocks-int16"),
+    "kvgate_int8": ("blocks-int8", "kvgate blocks-int8"),
+}
 
 
 def _args(argv: Sequence[str]) -> argparse.Namespace:
@@ -128,17 +135,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     kvgate_cmd = [sys.executable, "-m", "bench.cpu_side"]
     peer_cmd = [str(peer), str(PEER_SCRIPT)]
-    ours, rounded, theirs = [], [], []
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in (*SIDES, "llama_cpp")}
     for i in range(args.repeats):
-        ours.append(_side(kvgate_cmd, spec))
-        rounded.append(_side(kvgate_cmd, spec, "blocks-int8"))
-        theirs.append(_side(peer_cmd, spec, env=omp_policy.foreign_environ()))
-        print(
-            f"repeat {i + 1}: kvgate {ours[-1]}\n          kvgate int8 {rounded[-1]}"
-            f"\n          llama.cpp {theirs[-1]}",
-            flush=True,
-        )
-    k, k8, p = _summary(ours), _summary(rounded), _summary(theirs)
+        for side, (weights, _) in SIDES.items():
+            runs[side].append(_side(kvgate_cmd, spec, weights))
+        runs["llama_cpp"].append(_side(peer_cmd, spec, env=omp_policy.foreign_environ()))
+        lines = (f"{side:>12} {r[-1]}" for side, r in runs.items())
+        print(f"repeat {i + 1}:\n" + "\n".join(lines), flush=True)
+    summary = {side: _summary(r) for side, r in runs.items()}
+    p = summary["llama_cpp"]
     return {
         "config": {
             "model": model.name,
@@ -151,16 +156,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "peer": PEER_PACKAGE,
             "cpu": platform.processor() or platform.machine(),
             "isa": cpu_isa(),
+            "kvgate_weights": {side: weights for side, (weights, _) in SIDES.items()},
         },
-        # kvgate: the default (float32 activations); kvgate_int8: KVGATE_WEIGHTS=blocks-int8,
-        # activations rounded to int8 per block of 32 as llama.cpp rounds them
-        "kvgate": k,
-        "kvgate_int8": k8,
-        "llama_cpp": p,
-        "runs": {"kvgate": ours, "kvgate_int8": rounded, "llama_cpp": theirs},
-        "ratios": _ratios(k, p, model),
-        "ratios_int8": _ratios(k8, p, model),
+        **summary,
+        "runs": runs,
+        **{_ratio_key(side): _ratios(summary[side], p, model) for side in SIDES},
     }
+
+
+def _ratio_key(side: str) -> str:
+    """``ratios`` for the default, ``ratios_int8`` for kvgate_int8, ..."""
+    return "ratios" + side.removeprefix("kvgate")
 
 
 def _ratios(
@@ -178,11 +184,11 @@ def _ratios(
 def main(argv: Sequence[str]) -> int:
     args = _args(argv)
     result = run(args)
-    summary = {k: result[k] for k in ("config", "ratios", "ratios_int8")}
+    summary = {k: result[k] for k in ("config", *map(_ratio_key, SIDES))}
     print(json.dumps(summary, indent=2))
-    for side in ("kvgate", "kvgate_int8", "llama_cpp"):
+    for side in (*SIDES, "llama_cpp"):
         row = ", ".join(f"{m} {result[side][m]['median']:.3f}" for m in METRICS)
-        print(f"{side:>10}: {row}")
+        print(f"{side:>12}: {row}")
     out = result_file(args.out, RESULTS)
     write_json(out, result)
     _plot(result, out.with_suffix(".png"))
@@ -195,8 +201,7 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     from bench.plots import grouped_bars
 
     med = {
-        side: {m: v["median"] for m, v in result[side].items()}
-        for side in ("kvgate", "kvgate_int8", "llama_cpp")
+        side: {m: v["median"] for m, v in result[side].items()} for side in (*SIDES, "llama_cpp")
     }
     p = med["llama_cpp"]
     groups = ["TTFT new turn", "decode, 1 conversation", "8 conversations", "start-up"]
@@ -209,10 +214,7 @@ def _plot(result: dict[str, Any], path: Path) -> None:
             p["startup_s"] / k["startup_s"],
         ]
 
-    series = {
-        "kvgate (float32 activations)": ratios(med["kvgate"]),
-        "kvgate blocks-int8": ratios(med["kvgate_int8"]),
-    }
+    series = {label: ratios(med[side]) for side, (_, label) in SIDES.items()}
     grouped_bars(
         path,
         f"kvgate vs llama.cpp, {result['config']['model']}, {result['config']['threads']} threads "
