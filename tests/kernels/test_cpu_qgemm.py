@@ -140,10 +140,14 @@ def test_integer_activations_compute_their_scheme_within_its_bound(
     assert error.max() > ROUNDED[activations] * scale.max()  # the activations really were rounded
 
 
+@pytest.mark.parametrize("activations", [qgemm.INT8, qgemm.INT16])
 @pytest.mark.parametrize("kind", [Q4_1, Q8_0])
-def test_int8_sums_do_not_overflow_at_the_extremes(kernel: qgemm.QuantGemm, kind: str) -> None:
+def test_integer_sums_do_not_overflow_at_the_extremes(
+    kernel: qgemm.QuantGemm, kind: str, activations: str
+) -> None:
     """Every weight at its largest magnitude (15, or -128) and every input at max|x|: the
-    16-bit partial sums are at their bounds (16 * 15 * 127 and 2 * 128 * 127)."""
+    partial sums are at their bounds (int8: 16-bit, 16 * 15 * 127 and 2 * 128 * 127; int16:
+    a block's 32-bit sum, 32 * 15 * 32767 and 32 * 128 * 32767, about 2^24 and 2^27)."""
     n, k = 20, 64
     q = torch.full((n, k), 15 if kind == Q4_1 else -128)
     w = BlockWeight(
@@ -152,29 +156,10 @@ def test_int8_sums_do_not_overflow_at_the_extremes(kernel: qgemm.QuantGemm, kind
         torch.full((n, k // 32), 0.5, dtype=torch.float16),
         torch.zeros(n, k // 32, dtype=torch.float16) if kind == Q4_1 else None,
     )
-    x = torch.full((2, k), 127.0)  # dx = 1: every product exact
-    x[1] = -127.0
-    got = kernel.matmul(x, pack(kernel, w, qgemm.INT8), None)
-    assert torch.equal(got, integer_reference(x, w, qgemm.INT8))
-    assert torch.equal(got, x @ w.dequantize().T)
-
-
-@pytest.mark.parametrize("kind", [Q4_1, Q8_0])
-def test_int16_sums_do_not_overflow_at_the_extremes(kernel: qgemm.QuantGemm, kind: str) -> None:
-    """Every weight at its largest magnitude (15, or -128) and every input at max|x|: a block's
-    32-bit sum is at its bound (32 * 15 * 32767, or 32 * 128 * 32767: 2^31 / 2^31.0001)."""
-    n, k = 20, 64
-    q = torch.full((n, k), 15 if kind == Q4_1 else -128)
-    w = BlockWeight(
-        kind,
-        q.to(torch.uint8 if kind == Q4_1 else torch.int8),
-        torch.full((n, k // 32), 0.5, dtype=torch.float16),
-        torch.zeros(n, k // 32, dtype=torch.float16) if kind == Q4_1 else None,
-    )
-    x = torch.full((2, k), 32767.0)  # dx = 1: every product exact, every sum exact in float32
-    x[1] = -32767.0
-    got = kernel.matmul(x, pack(kernel, w, qgemm.INT16), None)
-    assert torch.equal(got, integer_reference(x, w, qgemm.INT16))
+    x = torch.full((2, k), float(qgemm.LEVELS[activations]))  # dx = 1: every product exact
+    x[1] = -x[1]
+    got = kernel.matmul(x, pack(kernel, w, activations), None)
+    assert torch.equal(got, integer_reference(x, w, activations))
     assert torch.equal(got.double(), x.double() @ w.dequantize().double().T)
 
 

@@ -114,14 +114,33 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, const Quantized 
     }
 }
 
-#ifdef KVGATE_X16
-/* 2 int16 of a row of qx (a pair in XSLOT's order), broadcast to every lane */
-static inline ivec pair(const int16_t *p) {
+/* A block's 32-bit integer sums of a group's rows added to their float32 totals, the same
+ * operations in the same order in either build: y = fma(dw * dx, sum, y), then (Q4_1, ``m``
+ * not NULL) y = fma(mw, sum(x), y). ``d`` and ``m``: the block's scales of the panel. */
+static inline __attribute__((always_inline)) void add_block(
+    const int rows, const Quantized *x, const int64_t blocks, const int64_t b, const uint16_t *d,
+    const uint16_t *m, const ivec *slo, const ivec *shi, vec *lo, vec *hi) {
+  const vec d_lo = vhalf(d), d_hi = vhalf(d + VW);
+  for (int r = 0; r < rows; ++r) {
+    const vec dx = vset1(x->dx[r * blocks + b]);
+    lo[r] = vfma(vmul(d_lo, dx), vint(slo[r]), lo[r]);
+    hi[r] = vfma(vmul(d_hi, dx), vint(shi[r]), hi[r]);
+    if (m) {
+      const vec xs = vset1(x->xsum[r * blocks + b]);
+      lo[r] = vfma(vhalf(m), xs, lo[r]);
+      hi[r] = vfma(vhalf(m + VW), xs, hi[r]);
+    }
+  }
+}
+
+/* 4 bytes of a row of qx (4 int8 inputs, or 2 int16 in XSLOT's order), broadcast to every lane */
+static inline ivec broadcast4(const xq_t *p) {
   int32_t v;
   memcpy(&v, p, sizeof v);
   return iset1(v);
 }
 
+#ifdef KVGATE_X16
 /* A 32-bit lane of a block's sum takes 32 products of at most 15 * 32767: no overflow. The
  * lane's 16-bit halves hold bytes (0, 1) and (2, 3): the low nibbles of bytes 0 and 2 are inputs
  * 8c + 0 and 8c + 2, and so on, each set meeting its XSLOT pair of x. */
@@ -144,7 +163,7 @@ static inline __attribute__((always_inline)) void q4_1_group(
       const ivec h46 = iand(isrl16(wh, 4), nibble), h57 = isrl16(wh, 12);
       for (int r = 0; r < rows; ++r) {
         const int16_t *xq = x->qx + r * k + b * QBLOCK + 8 * c;
-        const ivec x02 = pair(xq), x13 = pair(xq + 2), x46 = pair(xq + 4), x57 = pair(xq + 6);
+        const ivec x02 = broadcast4(xq), x13 = broadcast4(xq + 2), x46 = broadcast4(xq + 4), x57 = broadcast4(xq + 6);
         slo[r] = iadd32(slo[r], iadd32(iadd32(imadd(l02, x02), imadd(l13, x13)),
                                        iadd32(imadd(l46, x46), imadd(l57, x57))));
         shi[r] = iadd32(shi[r], iadd32(iadd32(imadd(h02, x02), imadd(h13, x13)),
@@ -152,13 +171,7 @@ static inline __attribute__((always_inline)) void q4_1_group(
       }
     }
     const uint16_t *s = dm + b * 2 * PANEL;
-    const vec d_lo = vhalf(s), d_hi = vhalf(s + VW);
-    const vec m_lo = vhalf(s + PANEL), m_hi = vhalf(s + PANEL + VW);
-    for (int r = 0; r < rows; ++r) {
-      const vec dx = vset1(x->dx[r * blocks + b]), xs = vset1(x->xsum[r * blocks + b]);
-      lo[r] = vfma(m_lo, xs, vfma(vmul(d_lo, dx), vint(slo[r]), lo[r]));
-      hi[r] = vfma(m_hi, xs, vfma(vmul(d_hi, dx), vint(shi[r]), hi[r]));
-    }
+    add_block(rows, x, blocks, b, s, s + PANEL, slo, shi, lo, hi);
   }
   store_group(rows, lo, hi, y, n, cols, bias);
 }
@@ -181,29 +194,17 @@ static inline __attribute__((always_inline)) void q8_0_group(
       const ivec h02 = isra16(isll16(wh, 8), 8), h13 = isra16(wh, 8);
       for (int r = 0; r < rows; ++r) {
         const int16_t *xq = x->qx + r * k + b * QBLOCK + 4 * c;
-        const ivec x02 = pair(xq), x13 = pair(xq + 2);
+        const ivec x02 = broadcast4(xq), x13 = broadcast4(xq + 2);
         slo[r] = iadd32(slo[r], iadd32(imadd(l02, x02), imadd(l13, x13)));
         shi[r] = iadd32(shi[r], iadd32(imadd(h02, x02), imadd(h13, x13)));
       }
     }
-    const vec d_lo = vhalf(d + b * PANEL), d_hi = vhalf(d + b * PANEL + VW);
-    for (int r = 0; r < rows; ++r) {
-      const vec dx = vset1(x->dx[r * blocks + b]);
-      lo[r] = vfma(vmul(d_lo, dx), vint(slo[r]), lo[r]);
-      hi[r] = vfma(vmul(d_hi, dx), vint(shi[r]), hi[r]);
-    }
+    add_block(rows, x, blocks, b, d + b * PANEL, 0, slo, shi, lo, hi);
   }
   store_group(rows, lo, hi, y, n, cols, bias);
 }
 
 #else
-/* 4 bytes of a row of qx, broadcast to every lane */
-static inline ivec quad(const int8_t *p) {
-  int32_t v;
-  memcpy(&v, p, sizeof v);
-  return iset1(v);
-}
-
 /* Each 16-bit lane of a block's sum takes 16 products of at most 15 * 127: no overflow. */
 static inline __attribute__((always_inline)) void q4_1_group(
     const int rows, const Quantized *x, const int64_t k, const uint8_t *qs, const uint16_t *dm,
@@ -222,20 +223,17 @@ static inline __attribute__((always_inline)) void q4_1_group(
       const ivec h0 = iand(wh, nibble), h1 = iand(isrl16(wh, 4), nibble);
       for (int r = 0; r < rows; ++r) {
         const int8_t *xq = x->qx + r * k + b * QBLOCK + 8 * c;
-        const ivec x0 = quad(xq), x1 = quad(xq + 4);
+        const ivec x0 = broadcast4(xq), x1 = broadcast4(xq + 4);
         slo[r] = iadd16(slo[r], iadd16(imaddubs(l0, x0), imaddubs(l1, x1)));
         shi[r] = iadd16(shi[r], iadd16(imaddubs(h0, x0), imaddubs(h1, x1)));
       }
     }
-    const uint16_t *s = dm + b * 2 * PANEL;
-    const vec d_lo = vhalf(s), d_hi = vhalf(s + VW);
-    const vec m_lo = vhalf(s + PANEL), m_hi = vhalf(s + PANEL + VW);
-    for (int r = 0; r < rows; ++r) {
-      const vec dx = vset1(x->dx[r * blocks + b]), xs = vset1(x->xsum[r * blocks + b]);
-      const vec sum_lo = vint(imadd(slo[r], ones)), sum_hi = vint(imadd(shi[r], ones));
-      lo[r] = vfma(m_lo, xs, vfma(vmul(d_lo, dx), sum_lo, lo[r]));
-      hi[r] = vfma(m_hi, xs, vfma(vmul(d_hi, dx), sum_hi, hi[r]));
+    for (int r = 0; r < rows; ++r) { /* the 16-bit sums to 32 bits */
+      slo[r] = imadd(slo[r], ones);
+      shi[r] = imadd(shi[r], ones);
     }
+    const uint16_t *s = dm + b * 2 * PANEL;
+    add_block(rows, x, blocks, b, s, s + PANEL, slo, shi, lo, hi);
   }
   store_group(rows, lo, hi, y, n, cols, bias);
 }
@@ -257,17 +255,12 @@ static inline __attribute__((always_inline)) void q8_0_group(
       const ivec wl = iload(q + c * PANEL * 4), wh = iload(q + c * PANEL * 4 + VW * 4);
       const ivec al = iabs8(wl), ah = iabs8(wh);
       for (int r = 0; r < rows; ++r) {
-        const ivec xv = quad(x->qx + r * k + b * QBLOCK + 4 * c);
+        const ivec xv = broadcast4(x->qx + r * k + b * QBLOCK + 4 * c);
         slo[r] = iadd32(slo[r], imadd(imaddubs(al, isign8(xv, wl)), ones));
         shi[r] = iadd32(shi[r], imadd(imaddubs(ah, isign8(xv, wh)), ones));
       }
     }
-    const vec d_lo = vhalf(d + b * PANEL), d_hi = vhalf(d + b * PANEL + VW);
-    for (int r = 0; r < rows; ++r) {
-      const vec dx = vset1(x->dx[r * blocks + b]);
-      lo[r] = vfma(vmul(d_lo, dx), vint(slo[r]), lo[r]);
-      hi[r] = vfma(vmul(d_hi, dx), vint(shi[r]), hi[r]);
-    }
+    add_block(rows, x, blocks, b, d + b * PANEL, 0, slo, shi, lo, hi);
   }
   store_group(rows, lo, hi, y, n, cols, bias);
 }
