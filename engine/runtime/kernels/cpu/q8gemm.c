@@ -5,8 +5,9 @@
  *   Q4_1  y = sum over blocks of  (dw * dx) * (qw . qx) + mw * sum(x)   (sum(x) in float32)
  *   Q8_0  y = sum over blocks of  (dw * dx) * (qw . qx)
  * A maddubs does four times the multiply-adds of an FMA of the same width, and the weights are
- * not widened to float: 1.5-1.6x qgemm.c's float32 path at 16 rows, 2-3.5x at one row (Zen 1). The error is x's
- * rounding, at most dx / 2 an input (linear.py checks each weight against that bound).
+ * not widened to float: 1.5-1.6x qgemm.c's float32 path at 16 rows, 2-3.5x at one row (Zen 1).
+ * The error is x's rounding, at most dx / 2 an input (linear.py checks each weight against that
+ * bound).
  *
  * Built with ``-DKVGATE_X16`` (qgemm.py builds both), x is quantized to int16 instead
  * (dx = max|x| / 32767) and a block's dot product is a sum of int16 pairs (madd: twice an FMA's
@@ -17,8 +18,8 @@
  * Its x is stored with each 4 inputs as (0, 2, 1, 3), so that a broadcast 32-bit pair meets the
  * weights' even or odd bytes of a lane.
  *
- * The weights are packed by qgemm.py's ``pack_*`` for either build alike: a vector lane is an output and holds 4
- * consecutive inputs' bytes (PANEL = 2 * VW outputs a panel):
+ * The weights are packed by qgemm.py's ``pack_*`` for either build alike: a vector lane is an
+ * output and holds 4 consecutive inputs' bytes (PANEL = 2 * VW outputs a panel):
  *   Q4_1  qs [panels][blocks][4][PANEL][4]: byte j of output o in part c holds input 8c + j (low
  *         nibble) and 8c + 4 + j (high); dm as qgemm.c's ([panels][blocks][2][PANEL] float16).
  *   Q8_0  qs [panels][blocks][8][PANEL][4] int8: input 4c + j;  d as qgemm.c's.
@@ -163,7 +164,8 @@ static inline __attribute__((always_inline)) void q4_1_group(
       const ivec h46 = iand(isrl16(wh, 4), nibble), h57 = isrl16(wh, 12);
       for (int r = 0; r < rows; ++r) {
         const int16_t *xq = x->qx + r * k + b * QBLOCK + 8 * c;
-        const ivec x02 = broadcast4(xq), x13 = broadcast4(xq + 2), x46 = broadcast4(xq + 4), x57 = broadcast4(xq + 6);
+        const ivec x02 = broadcast4(xq), x13 = broadcast4(xq + 2);
+        const ivec x46 = broadcast4(xq + 4), x57 = broadcast4(xq + 6);
         slo[r] = iadd32(slo[r], iadd32(iadd32(imadd(l02, x02), imadd(l13, x13)),
                                        iadd32(imadd(l46, x46), imadd(l57, x57))));
         shi[r] = iadd32(shi[r], iadd32(iadd32(imadd(h02, x02), imadd(h13, x13)),
