@@ -284,10 +284,10 @@ static struct {
   int parts;
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
 
-/* Claim and run parts of call ``call`` until none is left. */
 #define TICKET_PART(t) ((int)((t) & 0xffffu))
 #define TICKET_PARTS(t) ((int)(((t) >> 16) & 0xffffu))
 
+/* Claim and run parts of call ``call`` until none is left. */
 static void run_parts(uint64_t call) {
   uint64_t t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
   while ((t >> 32) == call && TICKET_PART(t) < TICKET_PARTS(t)) {
