@@ -141,136 +141,123 @@ static inline ivec broadcast4(const xq_t *p) {
   return iset1(v);
 }
 
+/* The sums of one block b of a group's rows (32-bit lanes, slo / shi: the panel's two halves of
+ * outputs), from the block's packed weights q, by format and build. */
 #ifdef KVGATE_X16
 /* A 32-bit lane of a block's sum takes 32 products of at most 15 * 32767: no overflow. The
  * lane's 16-bit halves hold bytes (0, 1) and (2, 3): the low nibbles of bytes 0 and 2 are inputs
  * 8c + 0 and 8c + 2, and so on, each set meeting its XSLOT pair of x. */
-static inline __attribute__((always_inline)) void q4_1_group(
-    const int rows, const Quantized *x, const int64_t k, const uint8_t *qs, const uint16_t *dm,
-    float *y, const int64_t n, const int64_t cols, const float *bias) {
-  const int64_t blocks = k / QBLOCK;
+static inline __attribute__((always_inline)) void q4_1_sums(
+    const int rows, const Quantized *x, const int64_t k, const int64_t b, const uint8_t *q,
+    ivec *slo, ivec *shi) {
   const ivec nibble = iset1_16(15);
-  vec lo[GROUP], hi[GROUP];
-  for (int r = 0; r < rows; ++r) lo[r] = hi[r] = vzero();
-  for (int64_t b = 0; b < blocks; ++b) {
-    ivec slo[GROUP], shi[GROUP];
-    for (int r = 0; r < rows; ++r) slo[r] = shi[r] = izero();
-    const uint8_t *q = qs + b * 4 * PANEL * 4;
-    for (int c = 0; c < 4; ++c) {
-      const ivec wl = iload(q + c * PANEL * 4), wh = iload(q + c * PANEL * 4 + VW * 4);
-      const ivec l02 = iand(wl, nibble), l13 = iand(isrl16(wl, 8), nibble);
-      const ivec l46 = iand(isrl16(wl, 4), nibble), l57 = isrl16(wl, 12);
-      const ivec h02 = iand(wh, nibble), h13 = iand(isrl16(wh, 8), nibble);
-      const ivec h46 = iand(isrl16(wh, 4), nibble), h57 = isrl16(wh, 12);
-      for (int r = 0; r < rows; ++r) {
-        const int16_t *xq = x->qx + r * k + b * QBLOCK + 8 * c;
-        const ivec x02 = broadcast4(xq), x13 = broadcast4(xq + 2);
-        const ivec x46 = broadcast4(xq + 4), x57 = broadcast4(xq + 6);
-        slo[r] = iadd32(slo[r], iadd32(iadd32(imadd(l02, x02), imadd(l13, x13)),
-                                       iadd32(imadd(l46, x46), imadd(l57, x57))));
-        shi[r] = iadd32(shi[r], iadd32(iadd32(imadd(h02, x02), imadd(h13, x13)),
-                                       iadd32(imadd(h46, x46), imadd(h57, x57))));
-      }
+  for (int r = 0; r < rows; ++r) slo[r] = shi[r] = izero();
+  for (int c = 0; c < 4; ++c) {
+    const ivec wl = iload(q + c * PANEL * 4), wh = iload(q + c * PANEL * 4 + VW * 4);
+    const ivec l02 = iand(wl, nibble), l13 = iand(isrl16(wl, 8), nibble);
+    const ivec l46 = iand(isrl16(wl, 4), nibble), l57 = isrl16(wl, 12);
+    const ivec h02 = iand(wh, nibble), h13 = iand(isrl16(wh, 8), nibble);
+    const ivec h46 = iand(isrl16(wh, 4), nibble), h57 = isrl16(wh, 12);
+    for (int r = 0; r < rows; ++r) {
+      const int16_t *xq = x->qx + r * k + b * QBLOCK + 8 * c;
+      const ivec x02 = broadcast4(xq), x13 = broadcast4(xq + 2);
+      const ivec x46 = broadcast4(xq + 4), x57 = broadcast4(xq + 6);
+      slo[r] = iadd32(slo[r], iadd32(iadd32(imadd(l02, x02), imadd(l13, x13)),
+                                     iadd32(imadd(l46, x46), imadd(l57, x57))));
+      shi[r] = iadd32(shi[r], iadd32(iadd32(imadd(h02, x02), imadd(h13, x13)),
+                                     iadd32(imadd(h46, x46), imadd(h57, x57))));
     }
-    const uint16_t *s = dm + b * 2 * PANEL;
-    add_block(rows, x, blocks, b, s, s + PANEL, slo, shi, lo, hi);
   }
-  store_group(rows, lo, hi, y, n, cols, bias);
 }
 
 /* Signed weights, bytes 0 and 2 and bytes 1 and 3 of a lane sign-extended to 16 bits; a 32-bit
  * lane of a block's sum takes 32 products of at most 128 * 32767: no overflow. */
-static inline __attribute__((always_inline)) void q8_0_group(
-    const int rows, const Quantized *x, const int64_t k, const int8_t *qs, const uint16_t *d,
-    float *y, const int64_t n, const int64_t cols, const float *bias) {
-  const int64_t blocks = k / QBLOCK;
-  vec lo[GROUP], hi[GROUP];
-  for (int r = 0; r < rows; ++r) lo[r] = hi[r] = vzero();
-  for (int64_t b = 0; b < blocks; ++b) {
-    ivec slo[GROUP], shi[GROUP];
-    for (int r = 0; r < rows; ++r) slo[r] = shi[r] = izero();
-    const int8_t *q = qs + b * 8 * PANEL * 4;
-    for (int c = 0; c < 8; ++c) {
-      const ivec wl = iload(q + c * PANEL * 4), wh = iload(q + c * PANEL * 4 + VW * 4);
-      const ivec l02 = isra16(isll16(wl, 8), 8), l13 = isra16(wl, 8);
-      const ivec h02 = isra16(isll16(wh, 8), 8), h13 = isra16(wh, 8);
-      for (int r = 0; r < rows; ++r) {
-        const int16_t *xq = x->qx + r * k + b * QBLOCK + 4 * c;
-        const ivec x02 = broadcast4(xq), x13 = broadcast4(xq + 2);
-        slo[r] = iadd32(slo[r], iadd32(imadd(l02, x02), imadd(l13, x13)));
-        shi[r] = iadd32(shi[r], iadd32(imadd(h02, x02), imadd(h13, x13)));
-      }
+static inline __attribute__((always_inline)) void q8_0_sums(
+    const int rows, const Quantized *x, const int64_t k, const int64_t b, const int8_t *q,
+    ivec *slo, ivec *shi) {
+  for (int r = 0; r < rows; ++r) slo[r] = shi[r] = izero();
+  for (int c = 0; c < 8; ++c) {
+    const ivec wl = iload(q + c * PANEL * 4), wh = iload(q + c * PANEL * 4 + VW * 4);
+    const ivec l02 = isra16(isll16(wl, 8), 8), l13 = isra16(wl, 8);
+    const ivec h02 = isra16(isll16(wh, 8), 8), h13 = isra16(wh, 8);
+    for (int r = 0; r < rows; ++r) {
+      const int16_t *xq = x->qx + r * k + b * QBLOCK + 4 * c;
+      const ivec x02 = broadcast4(xq), x13 = broadcast4(xq + 2);
+      slo[r] = iadd32(slo[r], iadd32(imadd(l02, x02), imadd(l13, x13)));
+      shi[r] = iadd32(shi[r], iadd32(imadd(h02, x02), imadd(h13, x13)));
     }
-    add_block(rows, x, blocks, b, d + b * PANEL, 0, slo, shi, lo, hi);
   }
-  store_group(rows, lo, hi, y, n, cols, bias);
 }
 
 #else
-/* Each 16-bit lane of a block's sum takes 16 products of at most 15 * 127: no overflow. */
-static inline __attribute__((always_inline)) void q4_1_group(
-    const int rows, const Quantized *x, const int64_t k, const uint8_t *qs, const uint16_t *dm,
-    float *y, const int64_t n, const int64_t cols, const float *bias) {
-  const int64_t blocks = k / QBLOCK;
+/* Each 16-bit lane of a block's sum takes 16 products of at most 15 * 127: no overflow; the
+ * sums go to 32 bits at the block's end. */
+static inline __attribute__((always_inline)) void q4_1_sums(
+    const int rows, const Quantized *x, const int64_t k, const int64_t b, const uint8_t *q,
+    ivec *slo, ivec *shi) {
   const ivec nibble = iset1_8(15), ones = iset1_16(1);
-  vec lo[GROUP], hi[GROUP];
-  for (int r = 0; r < rows; ++r) lo[r] = hi[r] = vzero();
-  for (int64_t b = 0; b < blocks; ++b) {
-    ivec slo[GROUP], shi[GROUP];
-    for (int r = 0; r < rows; ++r) slo[r] = shi[r] = izero();
-    const uint8_t *q = qs + b * 4 * PANEL * 4;
-    for (int c = 0; c < 4; ++c) {
-      const ivec wl = iload(q + c * PANEL * 4), wh = iload(q + c * PANEL * 4 + VW * 4);
-      const ivec l0 = iand(wl, nibble), l1 = iand(isrl16(wl, 4), nibble);
-      const ivec h0 = iand(wh, nibble), h1 = iand(isrl16(wh, 4), nibble);
-      for (int r = 0; r < rows; ++r) {
-        const int8_t *xq = x->qx + r * k + b * QBLOCK + 8 * c;
-        const ivec x0 = broadcast4(xq), x1 = broadcast4(xq + 4);
-        slo[r] = iadd16(slo[r], iadd16(imaddubs(l0, x0), imaddubs(l1, x1)));
-        shi[r] = iadd16(shi[r], iadd16(imaddubs(h0, x0), imaddubs(h1, x1)));
-      }
+  for (int r = 0; r < rows; ++r) slo[r] = shi[r] = izero();
+  for (int c = 0; c < 4; ++c) {
+    const ivec wl = iload(q + c * PANEL * 4), wh = iload(q + c * PANEL * 4 + VW * 4);
+    const ivec l0 = iand(wl, nibble), l1 = iand(isrl16(wl, 4), nibble);
+    const ivec h0 = iand(wh, nibble), h1 = iand(isrl16(wh, 4), nibble);
+    for (int r = 0; r < rows; ++r) {
+      const int8_t *xq = x->qx + r * k + b * QBLOCK + 8 * c;
+      const ivec x0 = broadcast4(xq), x1 = broadcast4(xq + 4);
+      slo[r] = iadd16(slo[r], iadd16(imaddubs(l0, x0), imaddubs(l1, x1)));
+      shi[r] = iadd16(shi[r], iadd16(imaddubs(h0, x0), imaddubs(h1, x1)));
     }
-    for (int r = 0; r < rows; ++r) { /* the 16-bit sums to 32 bits */
-      slo[r] = imadd(slo[r], ones);
-      shi[r] = imadd(shi[r], ones);
-    }
-    const uint16_t *s = dm + b * 2 * PANEL;
-    add_block(rows, x, blocks, b, s, s + PANEL, slo, shi, lo, hi);
   }
-  store_group(rows, lo, hi, y, n, cols, bias);
+  for (int r = 0; r < rows; ++r) {
+    slo[r] = imadd(slo[r], ones);
+    shi[r] = imadd(shi[r], ones);
+  }
 }
 
 /* Signed weights: |w| (unsigned) times x with w's sign; a 16-bit lane holds 2 products of at
  * most 128 * 127, so each part goes to 32 bits at once. */
-static inline __attribute__((always_inline)) void q8_0_group(
-    const int rows, const Quantized *x, const int64_t k, const int8_t *qs, const uint16_t *d,
-    float *y, const int64_t n, const int64_t cols, const float *bias) {
-  const int64_t blocks = k / QBLOCK;
+static inline __attribute__((always_inline)) void q8_0_sums(
+    const int rows, const Quantized *x, const int64_t k, const int64_t b, const int8_t *q,
+    ivec *slo, ivec *shi) {
   const ivec ones = iset1_16(1);
-  vec lo[GROUP], hi[GROUP];
-  for (int r = 0; r < rows; ++r) lo[r] = hi[r] = vzero();
-  for (int64_t b = 0; b < blocks; ++b) {
-    ivec slo[GROUP], shi[GROUP];
-    for (int r = 0; r < rows; ++r) slo[r] = shi[r] = izero();
-    const int8_t *q = qs + b * 8 * PANEL * 4;
-    for (int c = 0; c < 8; ++c) {
-      const ivec wl = iload(q + c * PANEL * 4), wh = iload(q + c * PANEL * 4 + VW * 4);
-      const ivec al = iabs8(wl), ah = iabs8(wh);
-      for (int r = 0; r < rows; ++r) {
-        const ivec xv = broadcast4(x->qx + r * k + b * QBLOCK + 4 * c);
-        slo[r] = iadd32(slo[r], imadd(imaddubs(al, isign8(xv, wl)), ones));
-        shi[r] = iadd32(shi[r], imadd(imaddubs(ah, isign8(xv, wh)), ones));
-      }
+  for (int r = 0; r < rows; ++r) slo[r] = shi[r] = izero();
+  for (int c = 0; c < 8; ++c) {
+    const ivec wl = iload(q + c * PANEL * 4), wh = iload(q + c * PANEL * 4 + VW * 4);
+    const ivec al = iabs8(wl), ah = iabs8(wh);
+    for (int r = 0; r < rows; ++r) {
+      const ivec xv = broadcast4(x->qx + r * k + b * QBLOCK + 4 * c);
+      slo[r] = iadd32(slo[r], imadd(imaddubs(al, isign8(xv, wl)), ones));
+      shi[r] = iadd32(shi[r], imadd(imaddubs(ah, isign8(xv, wh)), ones));
     }
-    add_block(rows, x, blocks, b, d + b * PANEL, 0, slo, shi, lo, hi);
   }
-  store_group(rows, lo, hi, y, n, cols, bias);
 }
 
 #endif
 
-#define Q4_CALL(R) q4_1_group(R, &xr, k, (const uint8_t *)q, sc, yr, n, cols, b)
-#define Q8_CALL(R) q8_0_group(R, &xr, k, (const int8_t *)q, sc, yr, n, cols, b)
+/* One group of rows against one panel: each block's sums, scaled into the float32 totals
+ * (``q4``, a constant at each call: Q4_1's layout and offset, else Q8_0's), then stored. */
+static inline __attribute__((always_inline)) void group(
+    const int rows, const int q4, const Quantized *x, const int64_t k, const void *qs,
+    const uint16_t *scales, float *y, const int64_t n, const int64_t cols, const float *bias) {
+  const int64_t blocks = k / QBLOCK;
+  vec lo[GROUP], hi[GROUP];
+  for (int r = 0; r < rows; ++r) lo[r] = hi[r] = vzero();
+  for (int64_t b = 0; b < blocks; ++b) {
+    ivec slo[GROUP], shi[GROUP];
+    if (q4) {
+      q4_1_sums(rows, x, k, b, (const uint8_t *)qs + b * 4 * PANEL * 4, slo, shi);
+      const uint16_t *s = scales + b * 2 * PANEL;
+      add_block(rows, x, blocks, b, s, s + PANEL, slo, shi, lo, hi);
+    } else {
+      q8_0_sums(rows, x, k, b, (const int8_t *)qs + b * 8 * PANEL * 4, slo, shi);
+      add_block(rows, x, blocks, b, scales + b * PANEL, 0, slo, shi, lo, hi);
+    }
+  }
+  store_group(rows, lo, hi, y, n, cols, bias);
+}
+
+#define Q4_CALL(R) group(R, 1, &xr, k, q, sc, yr, n, cols, b)
+#define Q8_CALL(R) group(R, 0, &xr, k, q, sc, yr, n, cols, b)
 
 /* Panels [p0, p1) over quantized rows (``x->xsum`` NULL: Q8_0). */
 static void block_gemm(const Quantized *x, int64_t m, int64_t k, const void *qs,

@@ -49,7 +49,8 @@ FUNCTIONS = {
     Q8_0_INT16: (INT16, "kvgate_q8_0_q16_gemm_threads"),
 }
 KINDS = tuple(FUNCTIONS)  # the order of ``QuantGemm.functions``
-_KIND = {(f, a): k for k, (a, _) in FUNCTIONS.items() for f in (Q4_1, Q8_0) if k.startswith(f)}
+# (weight format, activations) -> kind: a kind is its format, then "/<activations>" unless float32
+_KIND = {(k.split("/")[0], act): k for k, (act, _) in FUNCTIONS.items()}
 QBLOCK = 32  # weights per block along the input dimension
 _MIN_SPLIT_MACS = 1 << 20
 
