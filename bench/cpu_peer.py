@@ -25,14 +25,13 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import cpu_isa, result_file, write_json
+from bench.common import cpu_isa, result_file, summarize, write_json
 from bench.cpu_side import Spec, conversation
 from bench.peer_env import peer_python
 from engine.runtime import omp_policy
@@ -117,14 +116,7 @@ def _side(
 
 
 def _summary(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:
-    return {
-        m: {
-            "median": statistics.median(r[m] for r in runs),
-            "min": min(r[m] for r in runs),
-            "max": max(r[m] for r in runs),
-        }
-        for m in METRICS
-    }
+    return {m: summarize([r[m] for r in runs]) for m in METRICS}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
