@@ -14,9 +14,11 @@ thread count, each side in a fresh process, the sides alternating in every repea
 
 llama-cpp-python is a benchmark-only peer, never a kvgate dependency: ``--peer-python`` names an
 interpreter that has it; without one, it is built once from source into its own environment
-under ``~/.cache/kvgate/bench/llama-venv`` (pip, minutes), for this CPU's vector ISA (AVX-512
-or AVX2) without ``-march=native``: kvgate does not use AMX, and ggml's AMX path crashes on hosts
-that report AMX without enabling it. Results: bench/results/cpu_peer.json.
+under ``~/.cache/kvgate/bench/llama-venv-<isa>`` (pip, minutes), for the vector ISA kvgate runs
+at (AVX-512, or AVX2 on an AVX2-only host and under ``KVGATE_CPU_ISA=avx2``: both sides then
+run what an AVX2-only host runs) without ``-march=native``: kvgate does not use AMX, and ggml's
+AMX path crashes on hosts that report AMX without enabling it. Results:
+bench/results/cpu_peer.json.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from engine.runtime import omp_policy
 RESULTS = Path(__file__).parent / "results" / "cpu_peer.json"
 PEER_SCRIPT = Path(__file__).with_name("llama_side.py")
 PEER_PACKAGE = "llama-cpp-python==0.3.36"
-PEER_VENV = Path.home() / ".cache" / "kvgate" / "bench" / "llama-venv"
+PEER_VENVS = Path.home() / ".cache" / "kvgate" / "bench"
 METRICS = ("startup_s", "rss_mb", "ttft_s", "decode_tok_s", "aggregate_tok_s")
 # kvgate's sides: result key -> (KVGATE_WEIGHTS, the plot's label). kvgate: the default, float32
 # activations; the others round the activations per block of 32 (int8 as llama.cpp does)
@@ -69,7 +71,7 @@ def _peer_python(given: Path | None) -> Path:
     if given is not None:
         return given
     return peer_python(
-        PEER_VENV,
+        PEER_VENVS / f"llama-venv-{cpu_isa().lower()}",
         "llama_cpp",
         [["install", "-q", PEER_PACKAGE]],
         f"building {PEER_PACKAGE} from source",

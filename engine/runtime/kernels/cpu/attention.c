@@ -364,49 +364,61 @@ static int64_t tile_rows(int64_t hq) {
   return MAX_ROW_HEADS / hq < TILE_ROWS ? MAX_ROW_HEADS / hq : TILE_ROWS;
 }
 
-/* A request's work items: a decode row in tiles of up to TILE_ROWS heads of one kv head (so a
- * lone decode row still spreads over the threads: one row tile of every head is one item);
- * more rows in row tiles of all heads, or with too many heads, tiles of TILE_ROWS rows per
- * query head. */
-static int64_t items_of(int64_t rows, int64_t hq, int64_t hkv) {
-  if (rows == 1) return hkv * ceil_div(hq / hkv, TILE_ROWS);
-  const int64_t n = tile_rows(hq);
-  return n ? ceil_div(rows, n) : ceil_div(rows, TILE_ROWS) * hq;
+/* The number of tiles a request's ``rows`` are cut into, each of at most ``most`` rows: the
+ * fewest, rounded up to a multiple of ``threads`` where there are rows enough, so that the
+ * request spreads evenly over the threads (19 rows in tiles of 4 are 5 items, 3 of them on one
+ * of 2 threads; in 6 tiles of 3-4 rows, 3 each). Tile i holds rows [rows * i / tiles,
+ * rows * (i + 1) / tiles). */
+static int64_t tiles_of(int64_t rows, int64_t most, int64_t threads) {
+  const int64_t fewest = ceil_div(rows, most), even = ceil_div(fewest, threads) * threads;
+  return even <= rows ? even : fewest;
 }
 
-static int64_t batch_items(const int32_t *starts, int64_t seqs, int64_t hq, int64_t hkv) {
+/* A request's work items: a decode row in tiles of up to TILE_ROWS heads of one kv head (so a
+ * lone decode row still spreads over the threads: one row tile of every head is one item; a
+ * kv head's keys are read once, as decode reads them from memory); more rows in row tiles of
+ * all heads spread evenly over the threads, or with too many heads, tiles of TILE_ROWS rows
+ * per query head. */
+static int64_t items_of(int64_t rows, int64_t hq, int64_t hkv, int64_t threads) {
+  if (rows == 1) return hkv * ceil_div(hq / hkv, TILE_ROWS);
+  const int64_t n = tile_rows(hq);
+  return n ? tiles_of(rows, n, threads) : ceil_div(rows, TILE_ROWS) * hq;
+}
+
+static int64_t batch_items(const int32_t *starts, int64_t seqs, int64_t hq, int64_t hkv,
+                           int64_t threads) {
   int64_t items = 0;
-  for (int64_t r = 0; r < seqs; ++r) items += items_of(starts[r + 1] - starts[r], hq, hkv);
+  for (int64_t r = 0; r < seqs; ++r) items += items_of(starts[r + 1] - starts[r], hq, hkv, threads);
   return items;
 }
 
 typedef struct {
   const float *q, *k_cache, *v_cache;
   const int32_t *tables, *starts, *ctx;
-  int64_t q_row_stride, table_stride, hq, hkv, d, bs;
+  int64_t q_row_stride, table_stride, hq, hkv, d, bs, threads;
   float scale, *out;
 } Batch;
 
-/* Item ``w`` of request ``r`` (``rows`` rows from ``start``). */
-static void run_item(const Batch *b, int64_t r, int64_t w, float *scores, int64_t s_stride) {
+/* Item ``w`` of request ``r`` (``rows`` rows from ``start``), one of ``items`` (items_of). */
+static void run_item(const Batch *b, int64_t r, int64_t w, int64_t items, float *scores,
+                     int64_t s_stride) {
   const int64_t start = b->starts[r], rows = b->starts[r + 1] - start, d = b->d, hq = b->hq;
   const int64_t group = hq / b->hkv, width = hq * d;
   int64_t first_row = start, h, n, q_stride, out_stride;
-  const int64_t per_tile = rows == 1 ? 0 : tile_rows(hq);
-  if (per_tile) { /* rows first_row .. first_row + n - 1, every head */
-    first_row += w * per_tile;
-    n = start + rows - first_row;
+  if (rows > 1 && tile_rows(hq)) { /* rows first_row .. first_row + n - 1, every head */
+    first_row += rows * w / items;
+    n = start + rows * (w + 1) / items - first_row;
     const RowTile t = {b->q + first_row * b->q_row_stride, b->k_cache, b->v_cache,
-                       b->tables + r * b->table_stride, b->q_row_stride,
-                       n < per_tile ? n : per_tile, b->ctx[r] + (first_row - start) + 1, b->bs,
-                       hq, group, d, b->scale, b->out + first_row * width, width};
+                       b->tables + r * b->table_stride, b->q_row_stride, n,
+                       b->ctx[r] + (first_row - start) + 1, b->bs, hq, group, d, b->scale,
+                       b->out + first_row * width, width};
     row_tile(&t, scores, s_stride);
     return;
   }
   if (rows == 1) { /* heads h .. h + n - 1 of one kv head */
-    const int64_t chunks = ceil_div(group, TILE_ROWS);
-    h = w / chunks * group + w % chunks * TILE_ROWS;
-    n = group - w % chunks * TILE_ROWS, q_stride = d, out_stride = d;
+    const int64_t chunks = items / b->hkv, c = w % chunks;
+    h = w / chunks * group + group * c / chunks;
+    n = group * (c + 1) / chunks - group * c / chunks, q_stride = d, out_stride = d;
   } else { /* rows first_row .. first_row + n - 1, head h */
     first_row += w / hq * TILE_ROWS, h = w % hq;
     n = start + rows - first_row, q_stride = b->q_row_stride, out_stride = width;
@@ -428,9 +440,10 @@ static int run_items(const Batch *b, int64_t max_len, int64_t w0, int64_t w1) {
   int64_t r = 0, item0 = 0; /* the request of item w, and its first item */
   for (int64_t w = w0; w < w1; ++w) {
     int64_t n;
-    while (w >= item0 + (n = items_of(b->starts[r + 1] - b->starts[r], b->hq, b->hkv)))
+    while (w >= item0 + (n = items_of(b->starts[r + 1] - b->starts[r], b->hq, b->hkv,
+                                       b->threads)))
       item0 += n, ++r;
-    run_item(b, r, w - item0, scores, s_stride);
+    run_item(b, r, w - item0, n, scores, s_stride);
   }
   free(scores);
   return 0;
@@ -459,9 +472,9 @@ int kvgate_paged_attention(const float *q, int64_t q_row_stride, const float *k_
                            int64_t d, int64_t bs, int64_t max_len, float scale, float *out,
                            int64_t seqs, parallel_fn parallel, int threads) {
   const Call c = {{q, k_cache, v_cache, tables, starts, ctx, q_row_stride, table_stride, hq, hkv,
-                   d, bs, scale, out},
+                   d, bs, parallel ? threads : 1, scale, out},
                   max_len};
-  const int64_t items = batch_items(starts, seqs, hq, hkv);
+  const int64_t items = batch_items(starts, seqs, hq, hkv, c.batch.threads);
   return parallel ? parallel(call_items, &c, items, threads) : call_items(&c, 0, items);
 }
 

@@ -25,6 +25,8 @@ from engine.runtime.kernels.metadata import AttentionMetadata
 SOURCE = Path(__file__).with_name("ops.c")
 ATTENTION = Path(__file__).with_name("attention.c")
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma")}
+# ops.c's SiLU loop vectorizes only where a float compare may not trap (results are unchanged)
+OPS_FLAGS = ("-fno-trapping-math",)
 _MIN_SPLIT_MACS = 1 << 18  # attention below this runs on one thread
 HEAD_DIM_MULTIPLE = 16  # decode attention's head dims: whole 16-lane sums
 
@@ -140,7 +142,7 @@ def rope_operands(
 
 @functools.cache
 def _load(isa: str) -> CpuOps | None:
-    lib = build.load_library(SOURCE, isa, ISA_FLAGS[isa])
+    lib = build.load_library(SOURCE, isa, (*ISA_FLAGS[isa], *OPS_FLAGS))
     attn = build.load_library(ATTENTION, isa, ISA_FLAGS[isa])
     if lib is None or attn is None:
         return None
