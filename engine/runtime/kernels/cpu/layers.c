@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GEMM_SPLIT_MACS (1LL << 20) /* qgemm.py's _MIN_SPLIT_MACS */
+#define GEMM_SPLIT_MACS (1LL << 18) /* qgemm.py's _MIN_SPLIT_MACS */
 #define ATTENTION_SPLIT_MACS (1LL << 18) /* ops.py's _MIN_SPLIT_MACS */
 
 typedef int (*gemm_fn)(const float *x, int64_t m, int64_t k, const void *qs,

@@ -207,26 +207,15 @@ static int block_gemm(const float *x, const float *xsum, int64_t m, int64_t k, c
   return 0;
 }
 
-/* xsum [m][k / 32]: each block's sum of x, in index order. Returns 0, or -1 without memory. */
-int kvgate_q4_1_gemm(const float *x, int64_t m, int64_t k, const uint8_t *qs, const uint16_t *dm,
-                     int64_t n, const float *bias, float *out, int64_t p0, int64_t p1) {
+/* xsum [m][k / 32]: each block's sum of x, in index order (Q4_1's offsets meet it). */
+static void block_sums(const float *x, int64_t m, int64_t k, float *xsum) {
   const int64_t blocks = k / QBLOCK;
-  float *xsum = malloc(sizeof(float) * (size_t)(m * blocks));
-  if (!xsum) return -1;
   for (int64_t r = 0; r < m; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
       float s = 0.0f;
       for (int i = 0; i < QBLOCK; ++i) s += x[r * k + b * QBLOCK + i];
       xsum[r * blocks + b] = s;
     }
-  const int status = block_gemm(x, xsum, m, k, qs, dm, n, bias, out, p0, p1);
-  free(xsum);
-  return status;
-}
-
-int kvgate_q8_0_gemm(const float *x, int64_t m, int64_t k, const int8_t *qs, const uint16_t *d,
-                     int64_t n, const float *bias, float *out, int64_t p0, int64_t p1) {
-  return block_gemm(x, 0, m, k, qs, d, n, bias, out, p0, p1);
 }
 
 /* ---- A pool of threads that split one call's panels, for decode's many small GEMMs ----
@@ -367,33 +356,34 @@ int kvgate_parallel_for(task_fn fn, const void *ctx, int64_t items, int threads)
 }
 
 typedef struct {
-  const float *x, *bias;
+  const float *x, *xsum, *bias; /* xsum: Q4_1's block sums of x, NULL for Q8_0 */
   float *out;
   const void *qs;
   const uint16_t *scales;
   int64_t m, k, n;
 } GemmCall;
 
-static int q4_1_panels(const void *ctx, int64_t p0, int64_t p1) {
+static int panels_task(const void *ctx, int64_t p0, int64_t p1) {
   const GemmCall *c = ctx;
-  return kvgate_q4_1_gemm(c->x, c->m, c->k, c->qs, c->scales, c->n, c->bias, c->out, p0, p1);
+  return block_gemm(c->x, c->xsum, c->m, c->k, c->qs, c->scales, c->n, c->bias, c->out, p0, p1);
 }
 
-static int q8_0_panels(const void *ctx, int64_t p0, int64_t p1) {
-  const GemmCall *c = ctx;
-  return kvgate_q8_0_gemm(c->x, c->m, c->k, c->qs, c->scales, c->n, c->bias, c->out, p0, p1);
-}
-
+/* Q4_1's x block sums are taken once a call, before its panels are split over the threads. */
 int kvgate_q4_1_gemm_threads(const float *x, int64_t m, int64_t k, const uint8_t *qs,
                              const uint16_t *dm, int64_t n, const float *bias, float *out,
                              int64_t panels, int threads) {
-  const GemmCall c = {x, bias, out, qs, dm, m, k, n};
-  return kvgate_parallel_for(q4_1_panels, &c, panels, threads);
+  float *xsum = malloc(sizeof(float) * (size_t)(m * (k / QBLOCK)));
+  if (!xsum) return -1;
+  block_sums(x, m, k, xsum);
+  const GemmCall c = {x, xsum, bias, out, qs, dm, m, k, n};
+  const int status = kvgate_parallel_for(panels_task, &c, panels, threads);
+  free(xsum);
+  return status;
 }
 
 int kvgate_q8_0_gemm_threads(const float *x, int64_t m, int64_t k, const int8_t *qs,
                              const uint16_t *d, int64_t n, const float *bias, float *out,
                              int64_t panels, int threads) {
-  const GemmCall c = {x, bias, out, qs, d, m, k, n};
-  return kvgate_parallel_for(q8_0_panels, &c, panels, threads);
+  const GemmCall c = {x, 0, bias, out, qs, d, m, k, n};
+  return kvgate_parallel_for(panels_task, &c, panels, threads);
 }
