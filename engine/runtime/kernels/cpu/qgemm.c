@@ -221,19 +221,23 @@ static void block_sums(const float *x, int64_t m, int64_t k, float *xsum) {
 /* ---- A pool of threads that split one call's panels, for decode's many small GEMMs ----
  * Handing a GEMM of a few hundred microseconds to Python threads costs tens of microseconds per
  * call; these workers spin briefly on the call's ticket, then sleep on a condition variable, so
- * back-to-back calls start in about a microsecond. A call is cut into parts (part i: panels
- * [total * i / parts, total * (i + 1) / parts)) that the caller and the workers claim one at a
- * time from the ticket, so a worker the OS has not scheduled delays nothing: the caller takes
- * its parts. One call uses the pool at a time; a call that finds it busy (another engine thread
- * of the process) runs on its own thread. The pool lives until the process ends. */
+ * back-to-back calls start in about a microsecond. The caller and the workers claim a call's
+ * items (panels, attention tiles) a chunk at a time from the ticket, each chunk a share of what
+ * is left (guided self-scheduling: 60 items on 2 threads go 15, 11, 8, 6, 5, 3, 3, 3, 3, 3),
+ * so a worker the OS has not scheduled delays nothing (the caller takes its items) and the
+ * threads end a call within about one item of each other. One call uses the pool at a time; a
+ * call that finds it busy (another engine thread of the process) runs on its own thread. The
+ * pool lives until the process ends. */
 
 #define MAX_WORKERS 63
 /* Spin this long for the next call before sleeping: the gaps between a decode layer's GEMMs are
  * tens of microseconds; a longer spin would take the core from torch's own threads (the sampler
  * after the LM head) on a small machine. */
 #define SPIN_NS 100000
-#define PARTS_PER_THREAD 4
-_Static_assert((MAX_WORKERS + 1) * PARTS_PER_THREAD < 0x10000, "parts fit the ticket's 16 bits");
+/* a claim takes what is left / (threads * this), and at least an eighth of a thread's share */
+#define CHUNKS_PER_THREAD 2
+#define ITEM_BITS 20
+#define MAX_ITEMS ((INT64_C(1) << ITEM_BITS) - 1) /* a call of more runs on its own thread */
 
 static int64_t now_ns(void) {
   struct timespec t;
@@ -258,37 +262,41 @@ static pthread_mutex_t pool_in_use = PTHREAD_MUTEX_INITIALIZER;
 static struct {
   pthread_mutex_t lock;
   pthread_cond_t wake;
-  /* (call number << 32) | (parts << 16) | next unclaimed part: a part is claimed by moving it
-   * on, for the current call only. The call's part count is in the same word, so a claim is
-   * checked against the parts of the call it claims: a thread still looking at the last call
-   * while the next one is being set up (fn, ctx, items written, ticket not yet moved) cannot
-   * claim a part past the last call's end, which would run the next call's task with its
-   * counters reset and let that call return before the part ends. */
+  /* (call number << 40) | (items << 20) | next unclaimed item: items are claimed by moving
+   * next on, for the current call only. The call's item count is in the same word, so a claim
+   * is checked against the items of the call it claims: a thread still looking at the last call
+   * while the next one is being set up (fn and ctx written, ticket not yet moved) cannot claim
+   * items past the last call's end, which would run the next call's task with its counters
+   * reset and let that call return before those items end. (The call number wraps at 2^24: a
+   * claim that succeeds is of the current call whatever number its thread saw.) */
   atomic_uint_fast64_t ticket;
-  atomic_int completed, failed;
+  atomic_int_fast64_t completed; /* items of the current call done */
+  atomic_int failed;
+  atomic_int threads; /* of the current call: sets the chunk size (any value is correct) */
   int workers, sleeping;
   task_fn fn;
   const void *ctx;
-  int64_t items;
-  int parts;
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
 
-#define TICKET_PART(t) ((int)((t) & 0xffffu))
-#define TICKET_PARTS(t) ((int)(((t) >> 16) & 0xffffu))
+#define TICKET_CALL(t) ((t) >> (2 * ITEM_BITS))
+#define TICKET_ITEMS(t) ((int64_t)(((t) >> ITEM_BITS) & MAX_ITEMS))
+#define TICKET_NEXT(t) ((int64_t)((t) & MAX_ITEMS))
 
-/* Claim and run parts of call ``call`` until none is left. */
+/* Claim and run chunks of call ``call`` until none is left. */
 static void run_parts(uint64_t call) {
   uint64_t t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
-  while ((t >> 32) == call && TICKET_PART(t) < TICKET_PARTS(t)) {
-    if (!atomic_compare_exchange_weak_explicit(&pool.ticket, &t, t + 1, memory_order_acq_rel,
-                                               memory_order_acquire))
+  while (TICKET_CALL(t) == call && TICKET_NEXT(t) < TICKET_ITEMS(t)) {
+    const int64_t p0 = TICKET_NEXT(t), items = TICKET_ITEMS(t), left = items - p0;
+    const int64_t threads = atomic_load_explicit(&pool.threads, memory_order_relaxed);
+    const int64_t guided = left / (CHUNKS_PER_THREAD * threads), least = items / (threads * 8);
+    const int64_t want = guided > least ? guided : least > 0 ? least : 1;
+    const int64_t take = want < left ? want : left;
+    if (!atomic_compare_exchange_weak_explicit(&pool.ticket, &t, t + (uint64_t)take,
+                                               memory_order_acq_rel, memory_order_acquire))
       continue;
-    /* claimed: the call cannot end before this part does, so its fields stay as they are */
-    const int part = TICKET_PART(t), parts = TICKET_PARTS(t);
-    const int64_t p0 = pool.items * part / parts;
-    const int64_t p1 = pool.items * (part + 1) / parts;
-    if (pool.fn(pool.ctx, p0, p1) != 0) atomic_store(&pool.failed, 1);
-    atomic_fetch_add_explicit(&pool.completed, 1, memory_order_release);
+    /* claimed: the call cannot end before these items do, so its fields stay as they are */
+    if (pool.fn(pool.ctx, p0, p0 + take) != 0) atomic_store(&pool.failed, 1);
+    atomic_fetch_add_explicit(&pool.completed, take, memory_order_release);
     t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
   }
 }
@@ -299,15 +307,16 @@ static void *worker(void *arg) {
   for (;;) {
     int rounds = 0;
     int64_t since = 0;
-    while ((atomic_load_explicit(&pool.ticket, memory_order_acquire) >> 32) == seen) {
+    while (TICKET_CALL(atomic_load_explicit(&pool.ticket, memory_order_acquire)) == seen) {
       if (keep_spinning(&since, &rounds)) continue;
       pthread_mutex_lock(&pool.lock);
       pool.sleeping++;
-      while ((atomic_load(&pool.ticket) >> 32) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+      while (TICKET_CALL(atomic_load(&pool.ticket)) == seen)
+        pthread_cond_wait(&pool.wake, &pool.lock);
       pool.sleeping--;
       pthread_mutex_unlock(&pool.lock);
     }
-    seen = atomic_load_explicit(&pool.ticket, memory_order_acquire) >> 32;
+    seen = TICKET_CALL(atomic_load_explicit(&pool.ticket, memory_order_acquire));
     run_parts(seen);
   }
   return 0;
@@ -323,33 +332,32 @@ static int grow_pool(int workers) {
   return pool.workers;
 }
 
-/* ``fn`` over items [0, items) on up to ``threads`` threads (this one included), in parts of
+/* ``fn`` over items [0, items) on up to ``threads`` threads (this one included), in chunks of
  * whole items; one thread while another call holds the pool. Returns 0, or -1 on failure. Other
  * kernels (attention.c) run on this pool through this function's address. */
 int kvgate_parallel_for(task_fn fn, const void *ctx, int64_t items, int threads) {
-  if (threads < 2 || items < 2 || pthread_mutex_trylock(&pool_in_use) != 0)
+  if (threads < 2 || items < 2 || items > MAX_ITEMS || pthread_mutex_trylock(&pool_in_use) != 0)
     return fn(ctx, 0, items);
   const int workers = grow_pool(threads - 1);
   if (workers == 0) {
     pthread_mutex_unlock(&pool_in_use);
     return fn(ctx, 0, items);
   }
-  const int64_t parts = (int64_t)(workers + 1) * PARTS_PER_THREAD;
-  pool.fn = fn, pool.ctx = ctx, pool.items = items;
-  pool.parts = (int)(parts < items ? parts : items);
+  pool.fn = fn, pool.ctx = ctx;
+  atomic_store(&pool.threads, workers + 1);
   atomic_store(&pool.failed, 0);
   atomic_store(&pool.completed, 0);
-  const uint64_t call = (atomic_load(&pool.ticket) >> 32) + 1;
+  const uint64_t call = (TICKET_CALL(atomic_load(&pool.ticket)) + 1) & ((1u << 24) - 1);
   pthread_mutex_lock(&pool.lock);
-  atomic_store_explicit(&pool.ticket, call << 32 | (uint64_t)pool.parts << 16,
+  atomic_store_explicit(&pool.ticket, call << (2 * ITEM_BITS) | (uint64_t)items << ITEM_BITS,
                         memory_order_release);
   if (pool.sleeping) pthread_cond_broadcast(&pool.wake);
   pthread_mutex_unlock(&pool.lock);
   run_parts(call);
   int rounds = 0;
   int64_t since = 0;
-  while (atomic_load_explicit(&pool.completed, memory_order_acquire) < pool.parts)
-    if (!keep_spinning(&since, &rounds)) sched_yield(); /* a worker holding a part is not running */
+  while (atomic_load_explicit(&pool.completed, memory_order_acquire) < items)
+    if (!keep_spinning(&since, &rounds)) sched_yield(); /* a worker holding items is not running */
   const int failed = atomic_load(&pool.failed);
   pthread_mutex_unlock(&pool_in_use);
   return failed ? -1 : 0;
