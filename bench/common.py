@@ -87,6 +87,21 @@ def cpu_isa() -> str:
     return str(torch.backends.cpu.get_cpu_capability())
 
 
+def cpu_model() -> str:
+    """The CPU's model name with its family and model numbers (which tell a microarchitecture
+    apart where a VM reports only "AMD EPYC"), from /proc/cpuinfo; the machine type elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        return platform.machine()
+    fields: dict[str, str] = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name", platform.machine())
+    return f"{name} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
+
+
 def result_file(out: Path, default: Path) -> Path:
     """``--out`` as given, or ``default``'s file name inside it when it names a directory."""
     return out / default.name if out.is_dir() else out

@@ -26,14 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import cpu_isa, result_file, summarize, write_json
+from bench.common import cpu_isa, cpu_model, result_file, summarize, write_json
 from bench.cpu_side import Spec, conversation
 from bench.peer_env import peer_python
 from engine.runtime import omp_policy
@@ -148,8 +147,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "conversations": args.conversations,
             "repeats": args.repeats,
             "peer": PEER_PACKAGE,
-            "cpu": platform.processor() or platform.machine(),
-            "isa": cpu_isa(),
+            "cpu": cpu_model(),
+            "isa": cpu_isa(),  # both sides' builds (llama.cpp's CMake flags: _ggml_flags)
             "kvgate_weights": {side: weights for side, (weights, _) in SIDES.items()},
         },
         **summary,
