@@ -139,14 +139,17 @@ def test_a_rows_result_does_not_depend_on_its_chunk(
 
 
 def test_attention_gives_the_same_bits_on_any_thread_count(c_ops: ops.CpuOps) -> None:
-    b = make_batch((300, 0, 41), (1, 23, 1), block_size=16, num_heads=9, num_kv_heads=3)
+    """A chunk's rows are cut into as many tiles as make them even over the threads (19 rows:
+    5 tiles of 4 on one thread, 6 of 3-4 on two or three): the bits stay the same."""
+    b = make_batch((300, 0, 41, 700), (1, 23, 1, 19), block_size=16, num_heads=9, num_kv_heads=3)
     args = (b.q, b.k_cache, b.v_cache, b.meta, b.scale)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         one = c_ops.paged_attention(*args)
-        torch.set_num_threads(3)
-        assert torch.equal(c_ops.paged_attention(*args), one)
+        for threads in (2, 3):
+            torch.set_num_threads(threads)
+            assert torch.equal(c_ops.paged_attention(*args), one), threads
     finally:
         torch.set_num_threads(before)
 
