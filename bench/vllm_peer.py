@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import subprocess
 import tempfile
@@ -45,7 +44,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from bench.common import cpu_isa, environment, model_dir, result_file, summarize, write_json
+from bench.common import (
+    cpu_isa,
+    cpu_model,
+    environment,
+    model_dir,
+    result_file,
+    summarize,
+    write_json,
+)
 from bench.peer_env import peer_python
 from bench.vllm_side import MARK
 from engine.runtime import omp_policy
@@ -249,7 +256,7 @@ def _result(
             "repeats": args.repeats,
             "timing": "wall clock, until every request of the batch has its token",
             "peer": PEER_PACKAGE,
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": cpu_model(),
             "isa": cpu_isa(),
             **env,
         },
