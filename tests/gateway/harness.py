@@ -18,10 +18,12 @@ from typing import Any
 
 import aiohttp
 import asyncpg
+import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from engine.serving.async_engine import AsyncEngine
 from gateway.app import create_app
 from gateway.context import STATE, TELEMETRY
 from gateway.http import GatewayRunner, make_runner
@@ -40,6 +42,16 @@ async def wait_for(cond: Any, timeout: float = 5.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.01)
+
+
+def slow_engine_steps(gw: LiveGateway, monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Make each step of ``gw``'s in-process engine at least ``seconds`` long, so that a long
+    answer outlasts a deadline however fast this machine decodes the demo model (1500 tokens
+    took about 1 s unslowed)."""
+    engine = gw.state.engine
+    assert isinstance(engine, AsyncEngine)
+    step = engine._core.step
+    monkeypatch.setattr(engine._core, "step", lambda: (time.sleep(seconds), step())[1])
 
 
 async def create_database(template: str | None = None) -> str:

@@ -7,8 +7,10 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
+
 from gateway.drain import Drain, grace_s
-from tests.gateway.harness import live_gateway, make_settings
+from tests.gateway.harness import live_gateway, make_settings, slow_engine_steps
 
 
 async def test_run_waits_for_quick_requests_and_cuts_late_ones() -> None:
@@ -81,10 +83,11 @@ async def test_new_requests_while_draining_get_503(
 
 
 async def test_non_streaming_request_at_the_deadline_gets_503(
-    gateway_database: str, demo_model_dir: Path, tmp_path: Path
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = make_settings(gateway_database, tmp_path, KVGATE_SHUTDOWN_TIMEOUT_S="1")
     async with live_gateway(settings, demo_model_dir, shutdown_timeout=0.2) as gw:
+        slow_engine_steps(gw, monkeypatch, 0.002)  # 1500 tokens: at least 3 s
         t = await gw.create_tenant("slow", limits={"max_output_tokens": 1500})
         body = {
             "model": gw.state.model_name,

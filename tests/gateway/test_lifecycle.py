@@ -12,7 +12,13 @@ import aiohttp
 import pytest
 
 from gateway.context import TELEMETRY
-from tests.gateway.harness import LiveGateway, live_gateway, make_settings, wait_for
+from tests.gateway.harness import (
+    LiveGateway,
+    live_gateway,
+    make_settings,
+    slow_engine_steps,
+    wait_for,
+)
 
 
 def stream_body(gw: LiveGateway, max_tokens: int) -> dict[str, Any]:
@@ -96,12 +102,13 @@ async def test_graceful_shutdown_lets_streams_finish(
 
 
 async def test_shutdown_deadline_ends_long_streams_with_an_error_event(
-    gateway_database: str, demo_model_dir: Path, tmp_path: Path
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A stream still running at the shutdown deadline gets a terminal error event and [DONE],
     is recorded as a shutdown (503), and the lease and blocks are given back."""
     settings = make_settings(gateway_database, tmp_path, KVGATE_SHUTDOWN_TIMEOUT_S="1")
     async with live_gateway(settings, demo_model_dir, shutdown_timeout=0.2) as gw:
+        slow_engine_steps(gw, monkeypatch, 0.002)  # 1500 tokens: at least 3 s
         t = await gw.create_tenant("cut", limits={"max_output_tokens": 1500})
         url = f"{gw.base_url}/v1/chat/completions"
         headers = {"Authorization": f"Bearer {t.key}"}
@@ -113,7 +120,7 @@ async def test_shutdown_deadline_ends_long_streams_with_an_error_event(
                 line.decode().strip() async for line in resp.content if line.startswith(b"data: ")
             ]
         await stopping
-        # The deadline (1 s) plus a margin for a busy machine; the stream itself needs far longer.
+        # The deadline (1 s) plus a margin for a busy machine; the stream itself needs 3 s or more.
         assert time.monotonic() - started < 1.0 + 2.0
         assert events[-1] == "data: [DONE]"
         error = json.loads(events[-2][6:])["error"]
