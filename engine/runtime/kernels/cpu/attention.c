@@ -416,9 +416,9 @@ static void run_item(const Batch *b, int64_t r, int64_t w, int64_t items, float 
     return;
   }
   if (rows == 1) { /* heads h .. h + n - 1 of one kv head */
-    const int64_t chunks = items / b->hkv, c = w % chunks;
-    h = w / chunks * group + group * c / chunks;
-    n = group * (c + 1) / chunks - group * c / chunks, q_stride = d, out_stride = d;
+    const int64_t chunks = ceil_div(group, TILE_ROWS);
+    h = w / chunks * group + w % chunks * TILE_ROWS;
+    n = group - w % chunks * TILE_ROWS, q_stride = d, out_stride = d;
   } else { /* rows first_row .. first_row + n - 1, head h */
     first_row += w / hq * TILE_ROWS, h = w % hq;
     n = start + rows - first_row, q_stride = b->q_row_stride, out_stride = width;

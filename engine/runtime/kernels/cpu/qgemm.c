@@ -234,9 +234,12 @@ static void block_sums(const float *x, int64_t m, int64_t k, float *xsum) {
  * tens of microseconds; a longer spin would take the core from torch's own threads (the sampler
  * after the LM head) on a small machine. */
 #define SPIN_NS 100000
-/* a claim takes what is left / (threads * this), and at least an eighth of a thread's share */
+/* a claim takes what is left / (threads * CHUNKS_PER_THREAD), and at least 1 / LEAST_PER_THREAD
+ * of a thread's share */
 #define CHUNKS_PER_THREAD 2
+#define LEAST_PER_THREAD 8
 #define ITEM_BITS 20
+#define CALL_BITS (64 - 2 * ITEM_BITS) /* the call number, which wraps */
 #define MAX_ITEMS ((INT64_C(1) << ITEM_BITS) - 1) /* a call of more runs on its own thread */
 
 static int64_t now_ns(void) {
@@ -267,8 +270,8 @@ static struct {
    * is checked against the items of the call it claims: a thread still looking at the last call
    * while the next one is being set up (fn and ctx written, ticket not yet moved) cannot claim
    * items past the last call's end, which would run the next call's task with its counters
-   * reset and let that call return before those items end. (The call number wraps at 2^24: a
-   * claim that succeeds is of the current call whatever number its thread saw.) */
+   * reset and let that call return before those items end. (The call number wraps at
+   * 2^CALL_BITS: a claim that succeeds is of the current call whatever number its thread saw.) */
   atomic_uint_fast64_t ticket;
   atomic_int_fast64_t completed; /* items of the current call done */
   atomic_int failed;
@@ -288,7 +291,8 @@ static void run_parts(uint64_t call) {
   while (TICKET_CALL(t) == call && TICKET_NEXT(t) < TICKET_ITEMS(t)) {
     const int64_t p0 = TICKET_NEXT(t), items = TICKET_ITEMS(t), left = items - p0;
     const int64_t threads = atomic_load_explicit(&pool.threads, memory_order_relaxed);
-    const int64_t guided = left / (CHUNKS_PER_THREAD * threads), least = items / (threads * 8);
+    const int64_t guided = left / (CHUNKS_PER_THREAD * threads);
+    const int64_t least = items / (threads * LEAST_PER_THREAD);
     const int64_t want = guided > least ? guided : least > 0 ? least : 1;
     const int64_t take = want < left ? want : left;
     if (!atomic_compare_exchange_weak_explicit(&pool.ticket, &t, t + (uint64_t)take,
@@ -347,7 +351,8 @@ int kvgate_parallel_for(task_fn fn, const void *ctx, int64_t items, int threads)
   atomic_store(&pool.threads, workers + 1);
   atomic_store(&pool.failed, 0);
   atomic_store(&pool.completed, 0);
-  const uint64_t call = (TICKET_CALL(atomic_load(&pool.ticket)) + 1) & ((1u << 24) - 1);
+  const uint64_t wrap = (UINT64_C(1) << CALL_BITS) - 1;
+  const uint64_t call = (TICKET_CALL(atomic_load(&pool.ticket)) + 1) & wrap;
   pthread_mutex_lock(&pool.lock);
   atomic_store_explicit(&pool.ticket, call << (2 * ITEM_BITS) | (uint64_t)items << ITEM_BITS,
                         memory_order_release);
