@@ -346,7 +346,7 @@ VARIABLES: tuple[Variable, ...] = (
         "KVGATE_TOOL_BREAKER_FAILURES",
         _int_ge1,
         "5",
-        "tenant tools: failures in a row that open an endpoint's circuit",
+        "tenant tools: failures in a row (no connection, 5xx, timeout) that open a tool's circuit",
     ),
     Variable(
         "KVGATE_TOOL_BREAKER_RESET_S",

@@ -226,6 +226,11 @@ def test_breaker_half_open_trial() -> None:
     assert not b.admit("k")
     now[0] = 20.0
     assert b.admit("k")
+    b.release("k")  # the trial ended without a verdict (nothing sent, or cancelled) ...
+    b.check_integrity()
+    assert b.is_open("k") and b.admit("k")  # ... so the next call is the trial
     b.record("k", ok=True)
     b.check_integrity()
     assert b.admit("k") and not b.is_open("k")
+    b.release("k")  # a closed circuit: nothing to release
+    b.check_integrity()
