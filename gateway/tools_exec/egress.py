@@ -76,7 +76,7 @@ def public_address(ip: IPAddress) -> bool:
         64:ff9b::a.b.c.d        NAT64 well-known     a.b.c.d
         2002:AABB:CCDD::/48     6to4                 AA.BB.CC.DD
         2001:0:SSSS:SSSS::…     Teredo               the server and the client (both public)
-        ::a.b.c.d               IPv4-compatible      a.b.c.d (:: and ::1 judged as 0.0.0.0/1)
+        ::a.b.c.d               IPv4-compatible      a.b.c.d (:: and ::1 as 0.0.0.0, 0.0.0.1)
 
     The NAT64 local-use prefix 64:ff9b:1::/48 is refused whole: where the IPv4 address sits
     in it depends on the operator's prefix length (RFC 6052 allows /48 to /96), so the address
