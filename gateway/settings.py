@@ -88,6 +88,16 @@ def _int_ge1(raw: str) -> int:
     return value
 
 
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        value = int(raw)
+        if not low <= value <= high:
+            raise ValueError(f"must be in {low}..{high}")
+        return value
+
+    return parse
+
+
 WORKER_TOKEN_MIN = 32  # characters: the worker API is the engine itself, reachable by network
 
 
@@ -261,6 +271,12 @@ VARIABLES: tuple[Variable, ...] = (
         "",
         "CIDRs whose X-Forwarded-For is believed (client address of widget visitors)",
     ),
+    Variable(
+        "KVGATE_VISITOR_IPV6_PREFIX",
+        _int_in(1, 128),
+        "64",
+        "IPv6 visitors are counted per network of this prefix length (128: per address)",
+    ),
     Variable("KVGATE_ADMIN_TOKEN", _opt_str, "", "admin bearer token; unset: generated, printed"),
     Variable("KVGATE_KEY_CACHE_TTL_S", _positive_float, "5", "API key -> tenant cache lifetime"),
     Variable(
@@ -330,7 +346,7 @@ VARIABLES: tuple[Variable, ...] = (
         "KVGATE_TOOL_BREAKER_FAILURES",
         _int_ge1,
         "5",
-        "tenant tools: failures in a row that open an endpoint's circuit",
+        "tenant tools: failures in a row (no connection, 5xx, timeout) that open a tool's circuit",
     ),
     Variable(
         "KVGATE_TOOL_BREAKER_RESET_S",
@@ -570,6 +586,7 @@ class RateLimitSettings:
     visitor_tpm: int = 20_000
     visitor_max_concurrency: int = 2
     trusted_proxies: tuple[IPNetwork, ...] = ()
+    visitor_ipv6_prefix: int = 64  # IPv6 visitors grouped by network (gateway/visitor.py)
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> RateLimitSettings:
@@ -585,6 +602,7 @@ class RateLimitSettings:
             visitor_tpm=value(src, "KVGATE_VISITOR_TPM"),
             visitor_max_concurrency=value(src, "KVGATE_VISITOR_MAX_CONCURRENCY"),
             trusted_proxies=value(src, "KVGATE_TRUSTED_PROXIES"),
+            visitor_ipv6_prefix=value(src, "KVGATE_VISITOR_IPV6_PREFIX"),
         )
 
 

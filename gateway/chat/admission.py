@@ -39,10 +39,11 @@ from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState
 from gateway.errors import ApiError
 from gateway.pins import PromptEntry
 from gateway.ratelimit import Decision, Lease, LimiterUnavailable, Scope
-from gateway.ratelimit.scopes import VisitorDefaults, admission_scopes, client_address
+from gateway.ratelimit.scopes import VisitorDefaults, admission_scopes
 from gateway.ratelimit.types import REASON_TOO_WIDE
 from gateway.settings import ModelSettings
 from gateway.tokenize_pool import prompt_work
+from gateway.visitor import request_visitor
 from tenants.runtime import TenantRuntime
 
 T = TypeVar("T")
@@ -262,12 +263,13 @@ def _given(value: float | None, default: float) -> float:
 
 def request_scopes(request: web.Request, principal: Principal) -> tuple[Scope, ...]:
     rl = request.app[SETTINGS].ratelimit
-    address = client_address(
-        request.remote, request.headers.get("X-Forwarded-For"), rl.trusted_proxies
-    )
     defaults = VisitorDefaults(rl.visitor_rpm, rl.visitor_tpm, rl.visitor_max_concurrency)
     return admission_scopes(
-        principal.runtime, principal.identity, principal.end_user_id, address, defaults
+        principal.runtime,
+        principal.identity,
+        principal.end_user_id,
+        request_visitor(request),
+        defaults,
     )
 
 

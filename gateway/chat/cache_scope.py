@@ -7,7 +7,8 @@ engine keys the blocks past the tenant's system-prompt segment with a salt per e
 earlier turns, never another's::
 
     widget session token      user:<session end user>   signed by the tenant
-    widget key, no session    addr:<client address>     the visitor of the per-visitor limits
+    widget key, no session    addr:<visitor address>    the visitor of the per-visitor limits
+                                                        (gateway/visitor.py: IPv6 by network)
     server key with `user`    user:<user>               the tenant's backend names its end user
     server key, no `user`     key:<key id>              see below
 
@@ -30,8 +31,7 @@ from aiohttp import web
 
 from engine.core.kv import CacheScope
 from gateway.auth import Principal
-from gateway.context import SETTINGS
-from gateway.ratelimit.scopes import client_address
+from gateway.visitor import request_visitor
 
 SALT_BYTES = 16
 
@@ -58,8 +58,6 @@ def request_cache_scope(
     """The scope of one chat request; ``shared_tokens``: its tenant prefix's length."""
     address = ""
     if principal.is_widget and principal.end_user_id is None:
-        rl = request.app[SETTINGS].ratelimit
-        forwarded = request.headers.get("X-Forwarded-For")
-        address = client_address(request.remote, forwarded, rl.trusted_proxies)
+        address = request_visitor(request)
     identity = end_user_identity(principal, user, address)
     return derive(principal.runtime.cache_salt, identity, shared_tokens)

@@ -16,11 +16,10 @@ from aiohttp import web
 from gateway.auth import Principal
 from gateway.chat.observe import RequestObserver
 from gateway.chat.schemas import ChatRequest
-from gateway.context import SETTINGS
-from gateway.ratelimit.scopes import client_address
 from gateway.usage.budgets import Reservation
 from gateway.usage.ledger import LEDGER
 from gateway.usage.record import UsageRecord, outcome_of
+from gateway.visitor import request_visitor
 from tenants.usage_models import END_USER_MAX
 
 PROMPT_VERSION = web.RequestKey("prompt_version", int)
@@ -46,13 +45,13 @@ async def reserve_budget(
 
 
 def end_user_of(request: web.Request, principal: Principal, user: str | None) -> str | None:
-    """The session's end user; a widget visitor without one as ``visitor:<hash of address>``
-    (the browser's ``user`` is not trusted, as for the cache scope); a server key's ``user``."""
+    """The session's end user; a widget visitor without one as ``visitor:<hash of its visitor
+    address>`` (gateway/visitor.py; the browser's ``user`` is not trusted, as for the cache
+    scope); a server key's ``user``."""
     if principal.end_user_id is not None:
         return principal.end_user_id[:END_USER_MAX]
     if principal.is_widget:
-        trusted = request.app[SETTINGS].ratelimit.trusted_proxies
-        addr = client_address(request.remote, request.headers.get("X-Forwarded-For"), trusted)
+        addr = request_visitor(request)
         return "visitor:" + hashlib.blake2b(addr.encode(), digest_size=8).hexdigest()
     return user[:END_USER_MAX] if user else None
 

@@ -3,11 +3,16 @@
     tenant    always: the tenant's limits
     key       when the API key has limits of its own (api_keys.rpm / tpm / max_concurrency)
     visitor   widget traffic (a widget key, or a session token's end user): per end user, else
-              per client address; the tenant's visitor_* limits, else the gateway's defaults
+              per visitor address; the tenant's visitor_* limits, else the gateway's defaults
 
-The client address is the TCP peer, or, when the peer is a trusted proxy
+The client address (``client_address``) is the TCP peer, or, when the peer is a trusted proxy
 (KVGATE_TRUSTED_PROXIES), the right-most X-Forwarded-For hop that is not a trusted proxy
-itself. Visitor ids are hashed (an address or end-user id is never a Redis key in clear).
+itself: the hops left of it were written by the client and prove nothing. An IPv4-mapped IPv6
+address (::ffff:a.b.c.d, a dual-stack listener's view of an IPv4 peer) is that IPv4 address.
+The visitor address (``visitor_address``) groups IPv6 by network (KVGATE_VISITOR_IPV6_PREFIX,
+/64 by default): one subscriber gets a /64 or more and picks addresses in it at will (privacy
+addresses), so a single IPv6 address is no more a visitor than a single port is. Visitor ids
+are hashed (an address or end-user id is never a Redis key in clear).
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from gateway.ratelimit.types import SCOPE_KEY, SCOPE_TENANT, SCOPE_VISITOR, Limi
 from tenants.runtime import KeyIdentity, TenantRuntime
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 UNKNOWN_ADDRESS = "unknown"
+DEFAULT_IPV6_PREFIX = 64
 
 
 @dataclass(frozen=True)
@@ -37,9 +44,10 @@ def admission_scopes(
     rt: TenantRuntime,
     key: KeyIdentity,
     end_user_id: str | None,
-    client_address: str,
+    visitor: str,
     defaults: VisitorDefaults,
 ) -> tuple[Scope, ...]:
+    """``visitor``: the request's visitor address (``visitor_address``)."""
     lim = rt.limits
     scopes = [
         Scope(
@@ -52,7 +60,7 @@ def admission_scopes(
         own = Limits(key.rpm or 0, key.tpm or 0, key.max_concurrency or 0)
         scopes.append(Scope(SCOPE_KEY, key.key_id, own))
     if key.kind == "widget" or end_user_id is not None:
-        who = f"user:{end_user_id}" if end_user_id is not None else f"addr:{client_address}"
+        who = f"user:{end_user_id}" if end_user_id is not None else f"addr:{visitor}"
         scopes.append(Scope(SCOPE_VISITOR, _digest(who), visitor_limits(rt, defaults)))
     return tuple(scopes)
 
@@ -69,29 +77,62 @@ def visitor_limits(rt: TenantRuntime, defaults: VisitorDefaults) -> Limits:
 def client_address(
     peer: str | None, forwarded_for: str | None, trusted: Sequence[IPNetwork]
 ) -> str:
-    """The client's address: the peer, unless the peer is a trusted proxy (then the right-most
-    X-Forwarded-For entry that is not one)."""
-    if peer is None:
-        return UNKNOWN_ADDRESS
-    if not forwarded_for or not _trusted(peer, trusted):
-        return peer
+    """The client's address, normalized (``_parse``): the peer, unless the peer is a trusted
+    proxy; then the right-most X-Forwarded-For hop that is not one. ``forwarded_for``: every
+    X-Forwarded-For header of the request, joined by commas in their order.
+
+    A hop that is not an address (the proxy that wrote it is misconfigured) gives
+    ``UNKNOWN_ADDRESS``, one visitor for all such requests, never a new one per request. When
+    every hop is a trusted proxy, the left-most one is the client."""
+    ip = _parse(peer or "")
+    if ip is None:
+        return peer or UNKNOWN_ADDRESS  # not an IP peer (a Unix socket): one visitor
+    if not forwarded_for or not _trusted(ip, trusted):
+        return str(ip)
     hops = [h.strip() for h in forwarded_for.split(",") if h.strip()]
     for hop in reversed(hops):
-        if not _trusted(hop, trusted):
-            return hop if _parse(hop) is not None else UNKNOWN_ADDRESS
-    return hops[0] if hops else peer
+        hop_ip = _parse(hop)
+        if hop_ip is None:
+            return UNKNOWN_ADDRESS
+        if not _trusted(hop_ip, trusted):
+            return str(hop_ip)
+    return str(_parse(hops[0])) if hops else str(ip)
 
 
-def _trusted(address: str, trusted: Sequence[IPNetwork]) -> bool:
+def visitor_address(address: str, ipv6_prefix: int = DEFAULT_IPV6_PREFIX) -> str:
+    """The visitor a client address belongs to: an IPv4 address itself, an IPv6 address its
+    ``/ipv6_prefix`` network (``2001:db8:1:2::/64``); anything else as it is."""
     ip = _parse(address)
-    return ip is not None and any(ip in net for net in trusted)
+    if isinstance(ip, ipaddress.IPv6Address):
+        return str(ipaddress.IPv6Network((ip, ipv6_prefix), strict=False))
+    return address if ip is None else str(ip)
 
 
-def _parse(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+def _trusted(ip: IPAddress, trusted: Sequence[IPNetwork]) -> bool:
+    return any(ip in net for net in trusted)
+
+
+def _parse(text: str) -> IPAddress | None:
+    """An address as a hop or peer may write it: ``a.b.c.d``, ``a.b.c.d:port``, ``v6``,
+    ``[v6]``, ``[v6]:port``, ``v6%zone``; an IPv4-mapped IPv6 address as its IPv4 address, no
+    zone. None for anything else."""
+    text = text.strip()
+    if text.startswith("["):
+        host, bracket, port = text[1:].partition("]")
+        if not bracket or (port and not (port[0] == ":" and port[1:].isdigit())):
+            return None
+        text = host
+    elif text.count(":") == 1:
+        text, _, port = text.partition(":")
+        if not port.isdigit():
+            return None
     try:
-        return ipaddress.ip_address(address)
+        ip = ipaddress.ip_address(text.split("%", 1)[0])
     except ValueError:
         return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
 
 
 def _digest(text: str) -> str:

@@ -1,11 +1,15 @@
-"""A circuit breaker per tool endpoint (a webhook URL of a tenant, an MCP server).
+"""A circuit breaker per tool (gateway/tools_exec/runner.py keys it by tenant, source and tool
+name: one MCP server's or one webhook URL's tools each have their own).
 
     closed     calls go through; ``failures`` failures in a row open it
     open       calls are answered at once ("circuit open") for ``reset_s``
-    half-open  after ``reset_s`` one trial call goes through: success closes, failure reopens
+    half-open  after ``reset_s`` one trial call goes through: success closes, failure reopens;
+               a trial that ends without a verdict (``release``) lets the next call try
 
-Keys include the tenant, so one tenant's failing endpoint never opens another tenant's circuit
-(even for the same URL). The clock is injected (tests use their own).
+A failure is the endpoint failing (``Endpoint.DOWN``: no connection, no answer in time, a 5xx),
+never the tool refusing a call: visitors choose the arguments, and a tool that rejects bad ones
+is working. Keys include the tenant, so one tenant's failing endpoint never opens another
+tenant's circuit (even for the same URL). The clock is injected (tests use their own).
 """
 
 from __future__ import annotations
@@ -50,6 +54,13 @@ class Breakers:
         c.failures += 1
         if c.failures >= self._threshold or c.opened_at is not None:
             c.opened_at = self._clock()
+
+    def release(self, key: str) -> None:
+        """The admitted call ended with no verdict on the endpoint (nothing was sent, or it was
+        cancelled): a half-open circuit admits its next call as the trial."""
+        c = self._circuits.get(key)
+        if c is not None:
+            c.trial = False
 
     def is_open(self, key: str) -> bool:
         c = self._circuits.get(key)

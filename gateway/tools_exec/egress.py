@@ -2,11 +2,13 @@
 
     URL         https only; a host in KVGATE_TOOL_ALLOWED_HOSTS (``host`` or ``host:port``) may
                 use http and any address (the operator's own services, loopback test servers)
-    addresses   every address a name resolves to must be public: no loopback, private (RFC
-                1918), link-local (169.254.0.0/16: cloud metadata 169.254.169.254), CGNAT
-                (100.64.0.0/10), unspecified, multicast, reserved, IPv6 ULA (fc00::/7) or
-                link-local (fe80::/10), and no IPv4-mapped IPv6 (::ffff:a.b.c.d); IP literals
-                are checked the same way
+    addresses   every address a name resolves to must be public (``public_address``): no
+                loopback, private (RFC 1918), link-local (169.254.0.0/16: cloud metadata
+                169.254.169.254), CGNAT (100.64.0.0/10), unspecified, multicast or reserved
+                IPv4; IPv6 only from global unicast (2000::/3, which leaves out ULA fc00::/7,
+                link-local fe80::/10, site-local fec0::/10, multicast); an IPv6 form that
+                carries an IPv4 address is judged by that address; IP literals are checked the
+                same way
     when        at connect time: the connector's resolver (``SafeResolver``) checks what it
                 returns, the DNS cache is off, so every connection resolves and checks again
                 (a name that rebinds to 127.0.0.1 between two calls is refused on the second)
@@ -55,10 +57,52 @@ class Allowlist:
         return host in self.entries or f"{host}:{port}" in self.entries
 
 
+GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
+NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052: IPv4 in the last 32 bits
+NAT64_LOCAL_USE = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215: the operator's layout
+IPV4_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")  # RFC 2765 (SIIT)
+IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")  # RFC 4291, deprecated; :: and ::1 fall in it
+
+
 def public_address(ip: IPAddress) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and (ip.ipv4_mapped or ip.sixtofour or ip.teredo):
+    """Whether ``ip`` may be reached by a tool call.
+
+    An IPv6 address that carries an IPv4 address is judged by it, since the packet ends up
+    there (through a NAT64 or SIIT translator, a 6to4 relay, a Teredo server, the host's own
+    IPv4 stack)::
+
+        ::ffff:a.b.c.d          IPv4-mapped          a.b.c.d
+        ::ffff:0:a.b.c.d        IPv4-translated      a.b.c.d
+        64:ff9b::a.b.c.d        NAT64 well-known     a.b.c.d
+        2002:AABB:CCDD::/48     6to4                 AA.BB.CC.DD
+        2001:0:SSSS:SSSS::…     Teredo               the server and the client (both public)
+        ::a.b.c.d               IPv4-compatible      a.b.c.d (:: and ::1 as 0.0.0.0, 0.0.0.1)
+
+    The NAT64 local-use prefix 64:ff9b:1::/48 is refused whole: where the IPv4 address sits
+    in it depends on the operator's prefix length (RFC 6052 allows /48 to /96), so the address
+    the translator would reach cannot be told. Any other IPv6 address must be global unicast.
+    """
+    if isinstance(ip, ipaddress.IPv4Address):
+        return ip.is_global and not ip.is_multicast and not ip.is_reserved
+    if ip in NAT64_LOCAL_USE:
         return False
-    return ip.is_global and not ip.is_multicast
+    embedded = _embedded_ipv4(ip)
+    if embedded is not None:
+        return all(public_address(v4) for v4 in embedded)
+    return ip in GLOBAL_UNICAST and ip.is_global
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> tuple[ipaddress.IPv4Address, ...] | None:
+    """The IPv4 addresses an IPv6 form carries (``public_address``'s table), or None."""
+    if ip.ipv4_mapped is not None:
+        return (ip.ipv4_mapped,)
+    if ip.sixtofour is not None:
+        return (ip.sixtofour,)
+    if ip.teredo is not None:
+        return ip.teredo
+    if any(ip in net for net in (IPV4_TRANSLATED, NAT64_WELL_KNOWN, IPV4_COMPATIBLE)):
+        return (ipaddress.IPv4Address(int(ip) & 0xFFFF_FFFF),)
+    return None
 
 
 def check_url(url: URL, allow: Allowlist) -> None:

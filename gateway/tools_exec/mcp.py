@@ -3,8 +3,21 @@ added, ``tools/call`` when the model calls one (streamable HTTP, gateway/tools_e
 for the egress rules; one connection per call: nothing of one call outlives it).
 
 A call's answer becomes the ``tool`` message: the structured content when the tool returned
-some, else its text parts (as they are when they are JSON, else ``{"content": text}``); an error
-result is ``tool_error``.
+some, else its text parts (as they are when they are JSON, else ``{"content": text}``). A call
+that failed, and what it says of the server (``Endpoint``, what the tool's breaker counts)::
+
+    the tool's error result (isError)          tool_error              ANSWERED
+    a JSON-RPC error (invalid params, unknown  tool_error              ANSWERED
+    tool, the server's own internal error)
+    a 4xx of the server's HTTP endpoint        tool_error              ANSWERED
+    no answer within the call's deadline       tool_timeout            DOWN
+    (the SDK's request timeout included)
+    no connection, a broken one, an HTTP 5xx   tool_error              DOWN
+    anything else the SDK raises               tool_error              DOWN
+
+A 5xx and a broken connection reach the SDK's caller as JSON-RPC errors it makes up
+(``INTERNAL_ERROR``, ``CONNECTION_CLOSED``): the HTTP side is read from the transport
+(``Health``), never guessed from the error code.
 """
 
 from __future__ import annotations
@@ -14,12 +27,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mcp import Client
+import httpx2
+from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from gateway.tools_exec.egress import Allowlist, EgressRefused, TooLarge
-from gateway.tools_exec.failures import ToolFailure
-from gateway.tools_exec.mcp_http import mcp_http_client
+from gateway.tools_exec.failures import Endpoint, ToolFailure
+from gateway.tools_exec.mcp_http import Health, mcp_http_client
 
 LIST_BYTES = 1 << 20  # a server's tool listing may be larger than one tool answer
 # (tenant id, server id) -> (url, bearer) of the tenant's own server, or None
@@ -53,14 +68,16 @@ class McpClient:
         self._timeout_s = timeout_s
         self._servers = servers
 
-    def _client(self, url: str, bearer: str | None, cap: int, timeout_s: float) -> Client:
-        http = mcp_http_client(url, bearer, self._allow, cap, timeout_s)
+    def _client(
+        self, url: str, bearer: str | None, cap: int, timeout_s: float, health: Health
+    ) -> Client:
+        http = mcp_http_client(url, bearer, self._allow, cap, timeout_s, health)
         transport = streamable_http_client(url, http_client=http)
         return Client(transport, read_timeout_seconds=timeout_s, cache=None)
 
     async def list_tools(self, url: str, bearer: str | None) -> list[ListedTool]:
         try:
-            async with self._client(url, bearer, LIST_BYTES, self._timeout_s) as c:
+            async with self._client(url, bearer, LIST_BYTES, self._timeout_s, Health()) as c:
                 listed = await c.list_tools()
         except Exception as exc:
             raise McpUnreachable(_reason(exc)) from None
@@ -76,13 +93,15 @@ class McpClient:
         if found is None:
             raise ToolFailure("tool_unavailable", message="the MCP server is gone")
         url, bearer = found
+        health = Health()
         try:
-            async with self._client(url, bearer, self._max_bytes, timeout_s) as c:
+            async with self._client(url, bearer, self._max_bytes, timeout_s, health) as c:
                 result = await c.call_tool(name, args, read_timeout_seconds=timeout_s)
         except Exception as exc:
-            raise _failure(exc) from None
+            raise _failure(exc, health) from None
         if result.is_error:
-            raise ToolFailure("tool_error", message=_text(result.content)[:200])
+            message = _text(result.content)[:200]
+            raise ToolFailure("tool_error", endpoint=Endpoint.ANSWERED, message=message)
         if result.structured_content is not None:
             return json.dumps(result.structured_content, ensure_ascii=False)
         text = _text(result.content)
@@ -112,17 +131,30 @@ def _causes(exc: BaseException) -> list[BaseException]:
     return out
 
 
-def _failure(exc: BaseException) -> ToolFailure:
-    for e in _causes(exc):
+def _failure(exc: BaseException, health: Health) -> ToolFailure:
+    """The failure of a call the SDK raised ``exc`` for (the module docstring's table)."""
+    causes = _causes(exc)
+    for e in causes:
         if isinstance(e, ToolFailure):
             return e
         if isinstance(e, EgressRefused):
             return ToolFailure("tool_endpoint_refused", message=str(e))
         if isinstance(e, TooLarge):
-            return ToolFailure("tool_result_too_large")
-        if isinstance(e, TimeoutError):
-            return ToolFailure("tool_timeout")
-    return ToolFailure("tool_error", message=type(exc).__name__)
+            return ToolFailure("tool_result_too_large", endpoint=Endpoint.ANSWERED)
+    if any(_timed_out(e) for e in causes):
+        return ToolFailure("tool_timeout", endpoint=Endpoint.DOWN)
+    if health.failure is not None:
+        return ToolFailure("tool_error", endpoint=Endpoint.DOWN, message=health.failure)
+    for e in causes:
+        if isinstance(e, MCPError) and e.code != CONNECTION_CLOSED:
+            return ToolFailure("tool_error", endpoint=Endpoint.ANSWERED, message=e.message[:200])
+    return ToolFailure("tool_error", endpoint=Endpoint.DOWN, message=type(exc).__name__)
+
+
+def _timed_out(e: BaseException) -> bool:
+    if isinstance(e, MCPError):
+        return e.code == REQUEST_TIMEOUT
+    return isinstance(e, TimeoutError | httpx2.TimeoutException)
 
 
 def _reason(exc: BaseException) -> str:

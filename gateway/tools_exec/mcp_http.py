@@ -7,6 +7,9 @@ gateway/tools_exec/egress.py, with the connection pinned to the address that was
               the request sent to the checked address (Host header and TLS SNI keep the name),
               so a name that rebinds between the check and the connect cannot slip through
     bounds    each response body is capped (the SDK's own timeouts plus the caller's deadline)
+    health    what the server's HTTP side did (a 5xx, a transport error) is kept in ``Health``:
+              the SDK turns both into JSON-RPC errors that a server could also have sent, and
+              only the HTTP side failing counts for the circuit breaker
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import httpx2
 from yarl import URL
@@ -36,18 +40,33 @@ async def checked_address(host: str, port: int, allow: Allowlist) -> str:
     return addresses[0]
 
 
+@dataclass
+class Health:
+    """The HTTP side of one MCP call: why the server failed as an HTTP service, if it did."""
+
+    failure: str | None = None  # "HTTP 503", "ConnectError", "ReadTimeout", ...
+
+    def failed(self, exc: httpx2.TransportError) -> None:
+        self.failure = type(exc).__name__
+
+
 class _Capped(httpx2.AsyncByteStream):
-    def __init__(self, inner: httpx2.AsyncByteStream, cap: int) -> None:
+    def __init__(self, inner: httpx2.AsyncByteStream, cap: int, health: Health) -> None:
         self._inner = inner
         self._cap = cap
+        self._health = health
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         size = 0
-        async for chunk in self._inner:
-            size += len(chunk)
-            if size > self._cap:
-                raise TooLarge(f"response over {self._cap} bytes")
-            yield chunk
+        try:
+            async for chunk in self._inner:
+                size += len(chunk)
+                if size > self._cap:
+                    raise TooLarge(f"response over {self._cap} bytes")
+                yield chunk
+        except httpx2.TransportError as exc:  # the connection broke in the body
+            self._health.failed(exc)
+            raise
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -56,13 +75,16 @@ class _Capped(httpx2.AsyncByteStream):
 class PinnedTransport(httpx2.AsyncBaseTransport):
     """Requests to one host only, each to an address checked just before."""
 
-    def __init__(self, url: str, allow: Allowlist, max_bytes: int) -> None:
+    def __init__(
+        self, url: str, allow: Allowlist, max_bytes: int, health: Health | None = None
+    ) -> None:
         target = URL(url)
         check_url(target, allow)
         assert target.host is not None  # check_url refuses a URL without one
         self._host = target.host.lower()
         self._allow = allow
         self._cap = max_bytes
+        self._health = Health() if health is None else health
         self._inner = httpx2.AsyncHTTPTransport(trust_env=False, retries=0)
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
@@ -77,12 +99,18 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
             request.url = request.url.copy_with(host=str(ip))
             request.headers["Host"] = url.raw_authority
             request.extensions = {**request.extensions, "sni_hostname": self._host}
-        resp = await self._inner.handle_async_request(request)
+        try:
+            resp = await self._inner.handle_async_request(request)
+        except httpx2.TransportError as exc:
+            self._health.failed(exc)
+            raise
+        if resp.status_code >= 500:
+            self._health.failure = f"HTTP {resp.status_code}"
         assert isinstance(resp.stream, httpx2.AsyncByteStream)
         return httpx2.Response(
             resp.status_code,
             headers=resp.headers,
-            stream=_Capped(resp.stream, self._cap),
+            stream=_Capped(resp.stream, self._cap, self._health),
             extensions=resp.extensions,
             request=request,
         )
@@ -92,11 +120,16 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
 
 
 def mcp_http_client(
-    url: str, bearer: str | None, allow: Allowlist, max_bytes: int, timeout_s: float
+    url: str,
+    bearer: str | None,
+    allow: Allowlist,
+    max_bytes: int,
+    timeout_s: float,
+    health: Health,
 ) -> httpx2.AsyncClient:
     headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
     return httpx2.AsyncClient(
-        transport=PinnedTransport(url, allow, max_bytes),
+        transport=PinnedTransport(url, allow, max_bytes, health),
         headers={**headers, "User-Agent": "kvgate-tools/1"},
         timeout=httpx2.Timeout(timeout_s),
         follow_redirects=False,

@@ -1,13 +1,22 @@
 """Runs one tenant tool call: webhook or MCP, bounded, observed, every failure an answer.
 
-    arguments not JSON       -> {"error": "invalid_arguments"}        (nothing is sent)
-    circuit open             -> {"error": "tool_unavailable"}          (nothing is sent)
-    refused by egress rules  -> {"error": "tool_endpoint_refused"}
-    no answer in time        -> {"error": "tool_timeout"}
-    status other than 2xx    -> {"error": "tool_error", "status": N}   (3xx included: no redirect)
-    answer over the cap      -> {"error": "tool_result_too_large"}
-    answer not JSON          -> {"error": "tool_result_not_json"}
-    otherwise                -> the answer's JSON text
+    outcome                   message                                 breaker (Endpoint)
+    arguments not JSON        {"error": "invalid_arguments"}          -  (nothing is sent)
+    circuit open              {"error": "tool_unavailable"}           -  (nothing is sent)
+    refused by egress rules   {"error": "tool_endpoint_refused"}      -  (nothing is sent)
+    no answer in time         {"error": "tool_timeout"}               failure
+    no connection, 5xx        {"error": "tool_error", ...}            failure
+    other status than 2xx     {"error": "tool_error", "status": N}    success: the tool answered
+                              (3xx included: no redirect)
+    MCP error result, JSON-   {"error": "tool_error", "message": ..}  success: the tool answered
+    RPC error (bad params)
+    answer over the cap       {"error": "tool_result_too_large"}      success
+    answer not JSON           {"error": "tool_result_not_json"}       success
+    otherwise                 the answer's JSON text                  success
+
+Each tool has its own breaker (tenant, source, tool name): tools that share an MCP server or a
+webhook URL fail alone, and only the endpoint failing counts, never the tool refusing arguments
+a visitor chose (gateway/tools_exec/failures.py).
 
 The text becomes the ``tool`` message the model reads next. Each call is one ``execute_tool``
 span (GenAI semantic conventions), one ``tool_call`` log line (tenant, tool, status, duration;
@@ -30,7 +39,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from gateway.tools_exec.breaker import Breakers
 from gateway.tools_exec.egress import Egress, EgressRefused, TooLarge
-from gateway.tools_exec.failures import ToolFailure
+from gateway.tools_exec.failures import Endpoint, ToolFailure
 from gateway.tools_exec.mcp import McpClient
 from gateway.tools_exec.webhook import request_body, signed_headers
 from tenants.tools import TenantTool
@@ -116,15 +125,21 @@ class ToolRunner:
             args = json.loads(arguments)
         except ValueError:
             raise ToolFailure("invalid_arguments") from None
-        key = f"{tenant_id}\x00{tool.webhook or tool.mcp}"
+        key = breaker_key(tenant_id, tool)
         if not self._breakers.admit(key):
             raise ToolFailure("tool_unavailable", message="the tool failed repeatedly")
+        verdict: Endpoint | None = None  # None: cancelled, no verdict
         try:
             text = await self._send(tenant_id, tool, call_id, args, timeout_s)
-        except ToolFailure:
-            self._breakers.record(key, ok=False)
+            verdict = Endpoint.ANSWERED
+        except ToolFailure as exc:
+            verdict = exc.endpoint
             raise
-        self._breakers.record(key, ok=True)
+        finally:
+            if verdict is Endpoint.DOWN or verdict is Endpoint.ANSWERED:
+                self._breakers.record(key, ok=verdict is Endpoint.ANSWERED)
+            else:
+                self._breakers.release(key)
         return text, "ok"
 
     async def _send(
@@ -133,19 +148,35 @@ class ToolRunner:
         limit = min(timeout_s, self.egress.timeout_s)
         try:
             if tool.mcp is not None:
-                if self.mcp is None:
-                    raise ToolFailure("tool_unavailable", message="MCP is not enabled")
-                async with asyncio.timeout(limit):
-                    return await self.mcp.call(tenant_id, tool.mcp, tool.name, args, limit)
+                return await self._mcp(tenant_id, tool.mcp, tool.name, args, limit)
             return await self._webhook(tenant_id, tool, call_id, args, limit)
         except TimeoutError:
-            raise ToolFailure("tool_timeout", timeout_s=limit) from None
+            raise ToolFailure("tool_timeout", endpoint=Endpoint.DOWN, timeout_s=limit) from None
         except EgressRefused as exc:
             raise ToolFailure("tool_endpoint_refused", message=str(exc)) from None
         except TooLarge:
-            raise ToolFailure("tool_result_too_large", limit_bytes=self.egress.max_bytes) from None
+            raise ToolFailure(
+                "tool_result_too_large",
+                endpoint=Endpoint.ANSWERED,
+                limit_bytes=self.egress.max_bytes,
+            ) from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise ToolFailure("tool_error", message=type(exc).__name__) from None
+            name = type(exc).__name__
+            raise ToolFailure("tool_error", endpoint=Endpoint.DOWN, message=name) from None
+
+    async def _mcp(self, tenant_id: str, server_id: str, name: str, args: Any, limit: float) -> str:
+        if self.mcp is None:
+            raise ToolFailure("tool_unavailable", message="MCP is not enabled")
+        deadline = asyncio.timeout(limit)
+        try:
+            async with deadline:
+                return await self.mcp.call(tenant_id, server_id, name, args, limit)
+        except ToolFailure:
+            # The SDK's task groups may answer the deadline's cancellation with an error of
+            # their own, which asyncio.timeout then lets through as it is: still a timeout.
+            if deadline.expired():
+                raise TimeoutError from None
+            raise
 
     async def _webhook(
         self, tenant_id: str, tool: TenantTool, call_id: str, args: Any, limit: float
@@ -163,8 +194,14 @@ class ToolRunner:
         headers = signed_headers(secret, tenant_id, tool.name, call_id, body)
         reply = await self.egress.post(tool.webhook, body, headers, limit)
         if not 200 <= reply.status < 300:
-            raise ToolFailure("tool_error", status=reply.status)
+            health = Endpoint.DOWN if reply.status >= 500 else Endpoint.ANSWERED
+            raise ToolFailure("tool_error", endpoint=health, status=reply.status)
         return json_text(reply.body)
+
+
+def breaker_key(tenant_id: str, tool: TenantTool) -> str:
+    """One circuit per tool of a tenant's source (a webhook URL, an MCP server)."""
+    return f"{tenant_id}\x00{tool.webhook or tool.mcp}\x00{tool.name}"
 
 
 def json_text(raw: bytes) -> str:
@@ -173,5 +210,5 @@ def json_text(raw: bytes) -> str:
         text = raw.decode("utf-8")
         json.loads(text)
     except ValueError:
-        raise ToolFailure("tool_result_not_json") from None
+        raise ToolFailure("tool_result_not_json", endpoint=Endpoint.ANSWERED) from None
     return text.strip()

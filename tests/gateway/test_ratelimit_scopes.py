@@ -8,8 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 
-from gateway.ratelimit.scopes import VisitorDefaults, admission_scopes, client_address
+from gateway.ratelimit.scopes import (
+    IPNetwork,
+    VisitorDefaults,
+    admission_scopes,
+    client_address,
+    visitor_address,
+)
+from gateway.settings import Settings, SettingsError
 from tenants.runtime import KeyIdentity, TenantRuntime
 from tenants.settings import Limits as StoredLimits
 from tests.gateway.harness import LiveGateway, live_gateway, make_settings
@@ -60,16 +68,112 @@ def test_scopes_of_server_widget_and_end_user_traffic() -> None:
     assert a.kind == b.kind == "visitor" and a.id == b.id != visitor.id
 
 
-def test_client_address_believes_forwarded_for_only_from_trusted_proxies() -> None:
-    assert client_address("192.0.2.1", "203.0.113.5", ()) == "192.0.2.1"
-    assert client_address("192.0.2.1", "203.0.113.5", PROXIES) == "192.0.2.1"  # not a proxy
-    assert client_address("10.1.2.3", "203.0.113.5", PROXIES) == "203.0.113.5"
-    # A client cannot pick its address by sending its own X-Forwarded-For: the right-most
-    # untrusted hop (what the trusted proxy saw) counts.
-    assert client_address("10.1.2.3", "1.1.1.1, 203.0.113.5, 10.9.9.9", PROXIES) == "203.0.113.5"
-    assert client_address("10.1.2.3", "not-an-ip", PROXIES) == "unknown"
-    assert client_address("10.1.2.3", "", PROXIES) == "10.1.2.3"
-    assert client_address(None, "203.0.113.5", PROXIES) == "unknown"
+V6_PROXIES = (ipaddress.ip_network("2001:db8:ffff::/48"), ipaddress.ip_network("::1/128"))
+
+# (peer, X-Forwarded-For, trusted proxies, client address)
+CLIENT_ADDRESSES = [
+    # no trusted proxy, or a peer that is not one: the peer, whatever the header says
+    ("192.0.2.1", "203.0.113.5", (), "192.0.2.1"),
+    ("192.0.2.1", "203.0.113.5", PROXIES, "192.0.2.1"),
+    ("2001:db8::1", "203.0.113.5", V6_PROXIES, "2001:db8::1"),
+    # a trusted peer: its hop; proxies are CIDRs (10.0.0.0/8) or single addresses (/32)
+    ("10.1.2.3", "203.0.113.5", PROXIES, "203.0.113.5"),
+    ("127.0.0.1", "203.0.113.5", PROXIES, "203.0.113.5"),
+    ("127.0.0.2", "203.0.113.5", PROXIES, "127.0.0.2"),
+    ("2001:db8:ffff:1::9", "2001:db8:1:2::7", V6_PROXIES, "2001:db8:1:2::7"),
+    ("::1", "203.0.113.5", V6_PROXIES, "203.0.113.5"),
+    # the right-most hop that is not a trusted proxy: the client cannot pick its own address
+    ("10.1.2.3", "1.1.1.1, 203.0.113.5, 10.9.9.9", PROXIES, "203.0.113.5"),
+    ("10.1.2.3", "1.1.1.1,203.0.113.5,,10.9.9.9 ", PROXIES, "203.0.113.5"),
+    ("10.1.2.3", "garbage, 203.0.113.5", PROXIES, "203.0.113.5"),
+    # every hop trusted: the left-most
+    ("10.1.2.3", "10.0.0.7, 10.0.0.8", PROXIES, "10.0.0.7"),
+    # IPv4-mapped IPv6 (a dual-stack listener's peers) is IPv4: trusted by its IPv4 entry
+    ("::ffff:10.1.2.3", "203.0.113.5", PROXIES, "203.0.113.5"),
+    ("::ffff:192.0.2.1", None, PROXIES, "192.0.2.1"),
+    ("10.1.2.3", "::ffff:203.0.113.5", PROXIES, "203.0.113.5"),
+    ("10.1.2.3", "::ffff:10.0.0.7, ::ffff:203.0.113.5, 10.0.0.8", PROXIES, "203.0.113.5"),
+    # hops as proxies write them: with a port, bracketed, with a zone
+    ("10.1.2.3", "203.0.113.5:51234", PROXIES, "203.0.113.5"),
+    ("10.1.2.3", "[2001:db8:1:2::7]:443", PROXIES, "2001:db8:1:2::7"),
+    ("10.1.2.3", "[2001:db8:1:2::7]", PROXIES, "2001:db8:1:2::7"),
+    ("10.1.2.3", "2001:DB8:1:2:0::7", PROXIES, "2001:db8:1:2::7"),
+    ("10.1.2.3", "fe80::1%eth0", PROXIES, "fe80::1"),
+    # a hop that is no address: one "unknown" visitor, never the hop's text (a new visitor each)
+    ("10.1.2.3", "not-an-ip", PROXIES, "unknown"),
+    ("10.1.2.3", "203.0.113.5, not-an-ip", PROXIES, "unknown"),
+    ("10.1.2.3", "203.0.113.5:port", PROXIES, "unknown"),
+    ("10.1.2.3", "[2001:db8::1", PROXIES, "unknown"),
+    ("10.1.2.3", "[2001:db8::1]x", PROXIES, "unknown"),
+    ("10.1.2.3", "unknown", PROXIES, "unknown"),
+    # no header, an empty one: the peer
+    ("10.1.2.3", "", PROXIES, "10.1.2.3"),
+    ("10.1.2.3", " , ", PROXIES, "10.1.2.3"),
+    (None, "203.0.113.5", PROXIES, "unknown"),
+]
+
+
+@pytest.mark.parametrize(("peer", "forwarded", "trusted", "expected"), CLIENT_ADDRESSES)
+def test_client_address(
+    peer: str | None, forwarded: str | None, trusted: tuple[IPNetwork, ...], expected: str
+) -> None:
+    assert client_address(peer, forwarded, trusted) == expected
+
+
+# (client address, IPv6 prefix, visitor address)
+VISITOR_ADDRESSES = [
+    ("203.0.113.5", 64, "203.0.113.5"),
+    ("2001:db8:1:2::7", 64, "2001:db8:1:2::/64"),
+    ("2001:db8:1:2:aaaa:bbbb:cccc:dddd", 64, "2001:db8:1:2::/64"),
+    ("2001:db8:1:3::7", 64, "2001:db8:1:3::/64"),
+    ("2001:db8:1:2::7", 56, "2001:db8:1::/56"),
+    ("2001:db8:1:2ff::7", 56, "2001:db8:1:200::/56"),
+    ("2001:db8:1:2::7", 128, "2001:db8:1:2::7/128"),
+    ("::ffff:203.0.113.5", 64, "203.0.113.5"),
+    ("unknown", 64, "unknown"),
+]
+
+
+@pytest.mark.parametrize(("address", "prefix", "expected"), VISITOR_ADDRESSES)
+def test_visitor_address_groups_ipv6_by_prefix(address: str, prefix: int, expected: str) -> None:
+    assert visitor_address(address, prefix) == expected
+
+
+def test_one_ipv6_network_is_one_visitor_scope() -> None:
+    widget = KeyIdentity("t1", "k2", "widget", (ORIGIN,))
+    defaults = VisitorDefaults(20, 20_000, 2)
+
+    def scope_of(address: str) -> str:
+        visitor = visitor_address(client_address("10.1.2.3", address, PROXIES))
+        return admission_scopes(runtime(), widget, None, visitor, defaults)[-1].id
+
+    assert scope_of("2001:db8:1:2::1") == scope_of("2001:db8:1:2:ffff:1:2:3")
+    assert scope_of("2001:db8:1:2::1") != scope_of("2001:db8:1:3::1")
+    assert scope_of("203.0.113.5") == scope_of("::ffff:203.0.113.5")
+
+
+def test_the_prefix_and_proxies_settings() -> None:
+    base = {"KVGATE_DATABASE_URL": "sqlite+aiosqlite:///:memory:"}
+    rl = Settings.from_env(base).ratelimit
+    assert (rl.visitor_ipv6_prefix, rl.trusted_proxies) == (64, ())
+    rl = Settings.from_env(
+        {
+            **base,
+            "KVGATE_VISITOR_IPV6_PREFIX": "56",
+            "KVGATE_TRUSTED_PROXIES": "10.0.0.0/8, 192.0.2.7, 2001:db8::/32",
+        }
+    ).ratelimit
+    assert rl.visitor_ipv6_prefix == 56
+    assert [str(n) for n in rl.trusted_proxies] == ["10.0.0.0/8", "192.0.2.7/32", "2001:db8::/32"]
+    for name, bad in (
+        ("KVGATE_VISITOR_IPV6_PREFIX", "0"),
+        ("KVGATE_VISITOR_IPV6_PREFIX", "129"),
+        ("KVGATE_VISITOR_IPV6_PREFIX", "/64"),
+        ("KVGATE_TRUSTED_PROXIES", "10.0.0.1/8"),
+        ("KVGATE_TRUSTED_PROXIES", "proxy.internal"),
+    ):
+        with pytest.raises(SettingsError, match=name):
+            Settings.from_env({**base, name: bad})
 
 
 async def _sql(database_url: str, statement: str, *args: Any) -> None:

@@ -14,6 +14,13 @@ PROMPT = (
     "returns and opening hours politely and briefly."
 )
 
+# Several KV blocks past the tenant prompt: a conversation worth probing the cache scope for.
+CONVERSATION = (
+    ("user", "My order 4411 to 12 Harbour Lane never arrived, and I was charged twice for it."),
+    ("assistant", "I am sorry to hear that. I have opened a refund request for the double charge."),
+    ("user", "Thank you. Can you also send the replacement to my office at 9 Mill Street?"),
+)
+
 
 @dataclass(frozen=True)
 class WidgetTenant:
@@ -77,3 +84,9 @@ async def new_session(
         Authorization=f"Bearer {server_key}",
     )
     return status, body
+
+
+async def pinned_tokens(gw: LiveGateway, tenant_id: str) -> int:
+    info = await gw.wait_pinned(tenant_id)
+    assert info["pin_state"] == "pinned" and info["pinned_tokens"] > 0
+    return int(info["pinned_tokens"])  # the tenant prefix rounded down to blocks

@@ -14,17 +14,18 @@ import pytest
 
 from gateway.context import SETTINGS
 from tests.gateway.harness import LiveGateway, live_gateway, make_settings
-from tests.widget.helpers import chat_body, new_session, request, widget_tenant
+from tests.widget.helpers import (
+    CONVERSATION,
+    chat_body,
+    new_session,
+    pinned_tokens,
+    request,
+    widget_tenant,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SITE = "https://shop.example"
-# Several KV blocks past the tenant prompt: a conversation worth probing for.
-CONVERSATION = (
-    ("user", "My order 4411 to 12 Harbour Lane never arrived, and I was charged twice for it."),
-    ("assistant", "I am sorry to hear that. I have opened a refund request for the double charge."),
-    ("user", "Thank you. Can you also send the replacement to my office at 9 Mill Street?"),
-)
 
 
 async def cached(gw: LiveGateway, auth: dict[str, str], **extra: Any) -> tuple[int, int]:
@@ -34,12 +35,6 @@ async def cached(gw: LiveGateway, auth: dict[str, str], **extra: Any) -> tuple[i
     assert status == 200, answer
     usage = answer["usage"]
     return usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
-
-
-async def pinned_tokens(gw: LiveGateway, tenant_id: str) -> int:
-    info = await gw.wait_pinned(tenant_id)
-    assert info["pin_state"] == "pinned" and info["pinned_tokens"] > 0
-    return int(info["pinned_tokens"])  # the tenant prefix rounded down to blocks
 
 
 async def test_session_visitors_hit_the_tenant_prefix_and_only_their_own_conversation(

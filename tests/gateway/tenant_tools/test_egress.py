@@ -51,22 +51,64 @@ def _tool(url: str) -> TenantTool:
         "169.254.169.254",
         "0.0.0.0",
         "224.0.0.1",
+        "240.0.0.1",
+        "::",
         "::1",
         "fc00::1",
         "fd12::1",
         "fe80::1",
-        "::ffff:127.0.0.1",
-        "::ffff:8.8.8.8",
-        "2002:7f00:1::1",
+        "fec0::1",  # site-local (deprecated, still routed inside some sites)
+        "fed0::1234",
+        "ff02::1",
+        "100::1",  # discard-only
+        "2001:db8::1",  # documentation
+        "5f00::1",  # outside global unicast
     ],
 )
 def test_non_public_addresses(address: str) -> None:
     assert not public_address(ipaddress.ip_address(address))
 
 
+# Each IPv6 form that carries an IPv4 address, with a private and a public one inside: the form
+# is judged by the address it carries (gateway/tools_exec/egress.py's table).
+EMBEDDED = [
+    # form                   private inside (refused)          public inside (allowed)
+    ("IPv4-mapped", "::ffff:127.0.0.1", "::ffff:8.8.8.8"),
+    ("IPv4-mapped", "::ffff:169.254.169.254", "::ffff:1.1.1.1"),
+    ("IPv4-translated", "::ffff:0:10.0.0.1", "::ffff:0:8.8.8.8"),
+    ("NAT64 well-known", "64:ff9b::10.0.0.1", "64:ff9b::8.8.8.8"),
+    ("NAT64 well-known", "64:ff9b::169.254.169.254", "64:ff9b::1.1.1.1"),
+    ("6to4", "2002:7f00:1::1", "2002:808:808::1"),
+    ("6to4", "2002:a9fe:a9fe:1::1", "2002:101:101::1"),
+    ("IPv4-compatible", "::10.0.0.1", "::8.8.8.8"),
+    ("IPv4-compatible", "::127.0.0.1", "::1.1.1.1"),
+    # Teredo: 2001:0:<server>:<flags>:<port ^ ffff>:<client ^ ffffffff>; both must be public
+    (
+        "Teredo, private client",
+        "2001:0:808:808:8000:0:f5ff:fffe",
+        "2001:0:808:808:8000:0:f7f7:f7f7",
+    ),
+    ("Teredo, private server", "2001:0:a00:1:8000:0:f7f7:f7f7", "2001:0:101:101:8000:0:f7f7:f7f7"),
+]
+
+
+@pytest.mark.parametrize(("form", "private", "public"), EMBEDDED)
+def test_embedded_ipv4_is_judged_by_its_ipv4(form: str, private: str, public: str) -> None:
+    assert not public_address(ipaddress.ip_address(private)), form
+    assert public_address(ipaddress.ip_address(public)), form
+
+
+def test_nat64_local_use_is_refused_whole() -> None:
+    """Where the IPv4 address sits in 64:ff9b:1::/48 depends on the operator's prefix length:
+    the same bits read as /96 and as /48 name different hosts, so none is allowed."""
+    for address in ("64:ff9b:1::10.0.0.1", "64:ff9b:1::8.8.8.8", "64:ff9b:1:808:8:800::"):
+        assert not public_address(ipaddress.ip_address(address)), address
+
+
 def test_public_addresses_and_url_rules() -> None:
     assert public_address(ipaddress.ip_address("8.8.8.8"))
     assert public_address(ipaddress.ip_address("2606:4700::1111"))
+    assert public_address(ipaddress.ip_address("2a00:1450:4001:80b::200e"))
     none = Allowlist()
     check_url(URL("https://hooks.example.com/x"), none)
     for bad in (
@@ -184,6 +226,11 @@ def test_breaker_half_open_trial() -> None:
     assert not b.admit("k")
     now[0] = 20.0
     assert b.admit("k")
+    b.release("k")  # the trial ended without a verdict (nothing sent, or cancelled) ...
+    b.check_integrity()
+    assert b.is_open("k") and b.admit("k")  # ... so the next call is the trial
     b.record("k", ok=True)
     b.check_integrity()
     assert b.admit("k") and not b.is_open("k")
+    b.release("k")  # a closed circuit: nothing to release
+    b.check_integrity()

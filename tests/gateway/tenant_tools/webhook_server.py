@@ -75,6 +75,10 @@ def _app(receiver: Receiver) -> web.Application:
         await resp.write_eof()
         return resp
 
+    async def reject(request: web.Request) -> web.Response:
+        await record(request)  # what a tool answers arguments it cannot use
+        return web.json_response({"error": "order_id must be a number"}, status=422)
+
     async def text(request: web.Request) -> web.Response:
         await record(request)
         return web.Response(text="not json at all")
@@ -89,6 +93,7 @@ def _app(receiver: Receiver) -> web.Application:
         ("/slow", slow),
         ("/pause", pause),
         ("/fail", fail),
+        ("/reject", reject),
         ("/huge", huge),
         ("/text", text),
         ("/redirect", redirect),
