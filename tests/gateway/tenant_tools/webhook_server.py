@@ -75,6 +75,10 @@ def _app(receiver: Receiver) -> web.Application:
         await resp.write_eof()
         return resp
 
+    async def big(request: web.Request) -> web.Response:
+        await record(request)  # ~40 KB of JSON: within the answer cap, past a 4k context
+        return web.json_response({"notes": "order details " * 3000})
+
     async def text(request: web.Request) -> web.Response:
         await record(request)
         return web.Response(text="not json at all")
@@ -90,6 +94,7 @@ def _app(receiver: Receiver) -> web.Application:
         ("/pause", pause),
         ("/fail", fail),
         ("/huge", huge),
+        ("/big", big),
         ("/text", text),
         ("/redirect", redirect),
     ):
