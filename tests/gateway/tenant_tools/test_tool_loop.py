@@ -211,7 +211,8 @@ async def test_streamed_the_loop_shows_each_run_and_continues(
     client = await _tenant(
         gw, receiver, tools=tools, tool_choice=named("lookup_order"), max_tool_rounds=2
     )
-    args = {"model": gw.state.model_name, "messages": ASK, "max_tokens": 60, "temperature": 0.0}
+    # max_tokens bounds the whole turn: room for two calls and an answer
+    args = {"model": gw.state.model_name, "messages": ASK, "max_tokens": 200, "temperature": 0.0}
     chunks = [
         c
         async for c in await client.chat.completions.create(
@@ -277,7 +278,7 @@ async def test_the_usage_record_counts_the_tool_calls(gw: LiveGateway, receiver:
     out = await gw.admin("PUT", f"/tenants/{t.id}/system-prompt", version)
     receiver.secret = out["webhook_secret"]
     await gw.wait_pinned(t.id)
-    done = await _ask(gw, gw.openai(t.key))
+    done = await _ask(gw, gw.openai(t.key), max_tokens=200)  # two calls' room (the whole turn)
     runs, _ = _extra(done)
     hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     stamp = "%Y-%m-%dT%H:00:00Z"
