@@ -343,6 +343,13 @@ VARIABLES: tuple[Variable, ...] = (
         "KVGATE_TOOL_MAX_RESPONSE_BYTES", _int_ge1, "65536", "tenant tools: largest tool answer"
     ),
     Variable(
+        "KVGATE_TOOL_MAX_CALLS_PER_ROUND",
+        _int_ge1,
+        "8",
+        "tenant tools: calls the gateway runs in one round (the model's further calls of that "
+        "round are answered with an error instead)",
+    ),
+    Variable(
         "KVGATE_TOOL_BREAKER_FAILURES",
         _int_ge1,
         "5",
@@ -671,6 +678,7 @@ class ToolSettings:
     timeout_s: float = 5.0
     turn_timeout_s: float = 30.0
     max_response_bytes: int = 64 << 10
+    max_calls_per_round: int = 8
     breaker_failures: int = 5
     breaker_reset_s: float = 30.0
 
@@ -681,6 +689,7 @@ class ToolSettings:
             timeout_s=value(src, "KVGATE_TOOL_TIMEOUT_S"),
             turn_timeout_s=value(src, "KVGATE_TOOL_TURN_TIMEOUT_S"),
             max_response_bytes=value(src, "KVGATE_TOOL_MAX_RESPONSE_BYTES"),
+            max_calls_per_round=value(src, "KVGATE_TOOL_MAX_CALLS_PER_ROUND"),
             breaker_failures=value(src, "KVGATE_TOOL_BREAKER_FAILURES"),
             breaker_reset_s=value(src, "KVGATE_TOOL_BREAKER_RESET_S"),
         )

@@ -22,6 +22,7 @@ from gateway.chat.bounds import (
     message_cap,
     too_wide_error,
 )
+from gateway.chat.ledger import reserve_budget
 from gateway.chat.observe import RequestObserver
 from gateway.chat.prompt import (
     assemble,
@@ -283,6 +284,30 @@ async def admit(state: GatewayState, lease: Lease, obs: RequestObserver) -> Deci
         limit = next(s.limits for s in lease.scopes if s.kind == decision.scope)
         raise too_wide_error(lease.slots, decision.scope or "tenant", limit.max_concurrency)
     raise rate_limit_error(decision)
+
+
+@dataclass
+class HeldLimits:
+    """What an admitted request holds of its limits: its lease, grown by each later step's
+    tokens (the gateway's tool loop: ``admit_step``), the one ``finally`` releases."""
+
+    request: web.Request
+    principal: Principal
+    model: str
+    lease: Lease
+
+    async def admit_step(self, prompt_tokens: int, max_tokens: int) -> None:
+        """Reserve a later step's prompt and most completion tokens from the budgets and the
+        lease's TPM before it runs, or raise the refusal (429 / 503)."""
+        request, tokens = self.request, prompt_tokens + max_tokens
+        await reserve_budget(request, self.principal, self.model, prompt_tokens, max_tokens)
+        decision = await request.app[STATE].limiter.extend(self.lease, tokens)
+        if decision.lease is None:
+            metrics = request.app[TELEMETRY].metrics
+            reason, scope = decision.reason or "unknown", decision.scope or "tenant"
+            metrics.ratelimit_rejections.labels(self.lease.tenant, reason, scope).inc()
+            raise rate_limit_error(decision)
+        self.lease = decision.lease
 
 
 def rate_limit_error(decision: Decision) -> ApiError:

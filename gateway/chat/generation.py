@@ -32,6 +32,11 @@ from engine.params import SamplingParams
 from engine.runtime.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from gateway.chat.stops import StopMatcher
 
+# How long a request that did not finish (the client went away, the handler failed) waits for the
+# engine's final output after asking it to abort: that output counts every token generated until
+# the abort, which usage, the ledger and budgets bill. An abort lands between engine steps.
+ABORT_WAIT_S = 5.0
+
 
 @dataclass
 class GenerationStats:
@@ -69,7 +74,10 @@ class Generation:
     """Runs one request through ``EngineClient.generate`` and yields text deltas.
 
     Leaving ``text()`` early (stop string, cancellation on client disconnect, an exception)
-    closes the engine stream, which aborts the engine request and frees its blocks.
+    closes the engine stream, which aborts the engine request and frees its blocks. Outputs are
+    awaited through a shield, so a cancelled caller leaves the engine stream readable: ``close``
+    asks the engine to abort a request that has not finished and reads its final output, whose
+    tokens (all generated until the abort) are what ``stats`` then bill.
     """
 
     def __init__(
@@ -100,6 +108,8 @@ class Generation:
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
         self.token_ids: Sequence[int] = ()  # the answer's tokens so far (the tool loop's)
         self._stream: AsyncGenerator[RequestOutput, None] | None = None
+        self._next: asyncio.Future[RequestOutput | None] | None = None  # the output awaited
+        self._ended = False  # the engine sent the final output (or the stream failed)
         self._first: RequestOutput | None = None
         # Entries of the answer's tokens, if asked: ``logprobs`` all of them (non-streamed
         # answers only: ``keep_logprobs``), ``_unsent`` those not yet attached to a piece.
@@ -111,7 +121,9 @@ class Generation:
         """Submit and wait for the first output, so admission errors (prompt too long, engine
         overloaded) surface before any response byte is sent."""
         self._stream = self._engine.generate(self._prompt_ids, self._params, self._options)
-        self._first = await anext(self._stream)
+        first = await self._pull()
+        assert first is not None, "an engine stream starts with an output"
+        self._first = first
         self.stats.worker = self._first.worker
         if self._on_update is not None:
             self._on_update(self)
@@ -135,7 +147,7 @@ class Generation:
                     yield Piece(self.index, delta, self._take_logprobs())
                 if stopped or out.finished:
                     break
-                out = await anext(self._stream, None)
+                out = await self._pull()
             tail = self._stops.flush() if self.stats.finish_reason != "stop_string" else ""
             if tail:
                 self._mark_token_time()
@@ -178,19 +190,21 @@ class Generation:
                     self._mark_token_time()
                 if out.finished:
                     break
-                out = await anext(self._stream, None)
+                out = await self._pull()
         finally:
             await self.close()
         detok = make_detokenizer(self._tokenizer)
         return detok.push(list(last.token_ids)) + detok.flush()
 
-    def _record(self, out: RequestOutput) -> None:
+    def _record(self, out: RequestOutput, *, aborted: bool = False) -> None:
+        """Take ``out`` into the stats; ``aborted``: the final output of an abort this
+        generation asked for (counted, but the finish reason is the caller's to say)."""
         s = self.stats
         self.token_ids = out.token_ids
         s.completion_tokens = len(out.token_ids)
         s.cached_tokens = out.num_cached_tokens
         s.engine_metrics = out.metrics
-        if out.finished:
+        if out.finished and not aborted:
             s.finish_reason = "length" if out.finish_reason == "length" else "stop"
         if out.new_logprobs:
             entries = out.new_logprobs
@@ -226,10 +240,52 @@ class Generation:
         if self._on_update is not None:
             self._on_update(self)
 
+    async def _pull(self) -> RequestOutput | None:
+        """The stream's next output (None: it ended). The wait is shielded: cancelling the
+        caller leaves the pending read in place for ``close``."""
+        assert self._stream is not None, "start() first"
+        if self._next is None:
+            self._next = asyncio.ensure_future(anext(self._stream, None))
+        pending = self._next
+        try:
+            out = await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            if pending.cancelled():
+                self._next = None
+            raise
+        except BaseException:
+            self._next, self._ended = None, True  # the stream raised: it is over
+            raise
+        self._next = None
+        if out is None or out.finished:
+            self._ended = True
+        return out
+
     async def close(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            await stream.aclose()  # engine: leaving early aborts the request
+        """Release the engine request. One that has not finished is aborted first and its final
+        output read (within ``ABORT_WAIT_S``), so ``stats`` count what the engine generated."""
+        if self._stream is None:
+            return
+        try:
+            if not self._ended and self._options.request_id is not None:
+                await self._settle(self._options.request_id)
+        finally:
+            stream, self._stream = self._stream, None
+            pending, self._next = self._next, None
+            if pending is not None and not pending.done():
+                pending.cancel()  # the engine stream's own clean-up aborts the request
+                await asyncio.wait([pending])
+            if stream is not None:
+                await stream.aclose()
+
+    async def _settle(self, request_id: str) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(ABORT_WAIT_S):
+                await self._engine.abort(request_id)
+                while not self._ended:
+                    out = await self._pull()
+                    if out is not None:
+                        self._record(out, aborted=True)
 
 
 def make_detokenizer(tokenizer: Tokenizer) -> IncrementalDetokenizer:

@@ -24,14 +24,16 @@ from tenants.usage_models import END_USER_MAX
 
 PROMPT_VERSION = web.RequestKey("prompt_version", int)
 TOOL_CALLS = web.RequestKey("tool_calls", int)  # tenant tool calls the gateway ran
-BUDGET = web.RequestKey("budget_reservation", Reservation)
+BUDGET = web.RequestKey("budget_reservations", list[Reservation])  # one per engine step
 
 
 async def reserve_budget(
     request: web.Request, principal: Principal, model: str, prompt: int, completion_max: int
 ) -> None:
-    """Admission against the tenant's and key's budgets (429 ``budget_exceeded`` / 503), with
-    a reservation of the request's most tokens and spend; settled by ``record_chat``."""
+    """Admission of one engine step against the tenant's and key's budgets (429
+    ``budget_exceeded`` / 503), with a reservation of the step's most tokens and spend; the
+    request's reservations are settled together by ``record_chat``. A budget admits while it is
+    not yet spent, so concurrent requests end at most one step's reservation over it."""
     ledger = request.app.get(LEDGER)
     if ledger is None or ledger.budgets is None:
         return
@@ -41,7 +43,18 @@ async def reserve_budget(
         rt.tenant_id, principal.identity.key_id, prompt + completion_max, spend
     )
     if res is not None:
-        request[BUDGET] = res
+        request.setdefault(BUDGET, []).append(res)
+
+
+def shares(reserved: list[int], used: int) -> list[int]:
+    """``used`` split over reservations in order, each up to what it reserved, the rest on the
+    last: what each reservation settles with (their sum is ``used``)."""
+    out, left = [], used
+    for i, r in enumerate(reserved):
+        take = left if i == len(reserved) - 1 else min(r, left)
+        out.append(take)
+        left -= take
+    return out
 
 
 def end_user_of(request: web.Request, principal: Principal, user: str | None) -> str | None:
@@ -79,9 +92,11 @@ def record_chat(
         prompt, cached, completion = s.prompt_tokens, s.cached_tokens, s.completion_tokens
     ttft = s.first_token_at - obs.started if s and s.first_token_at is not None else None
     spend = ledger.spend(body.model, prompt, cached, completion)
-    res = request.get(BUDGET)
-    if res is not None:
-        ledger.settle(res, prompt + completion, spend)
+    held = request.get(BUDGET, [])
+    tokens = shares([r.tokens for r in held], prompt + completion)
+    spends = shares([r.spend for r in held], spend)
+    for res, t, sp in zip(held, tokens, spends, strict=True):
+        ledger.settle(res, t, sp)
     ledger.record(
         UsageRecord(
             request_id=obs.request_id,

@@ -10,7 +10,9 @@
     usage chunk (stream_options.include_usage), [DONE]
 
 ``text`` is the tool's ``status_text`` (the widget shows it while the tool runs; default
-"Working..."). A failure once the stream is open is an error event, then [DONE].
+"Working..."). A failure once the stream is open is an error event, then [DONE]; so is a turn
+that a refusal of a later step ended early (budget, TPM): its finish chunk ("length"), runs and
+usage first, then the refusal as the terminal error event.
 """
 
 from __future__ import annotations
@@ -76,8 +78,10 @@ class ToolStreamer:
             await send_event(self.resp, self.chunk({"content": tail}))
         return step_of(gen, parser.content, "".join(parts), reason, list(parser.calls))
 
-    async def next_step(self, ids: list[int], plan: OutputPlan, round_: int) -> Step:
-        gen = self.loop.group(ids, plan, round_, streamed=True)
+    async def next_step(
+        self, ids: list[int], plan: OutputPlan, round_: int, max_tokens: int
+    ) -> Step:
+        gen = self.loop.group(ids, plan, round_, max_tokens, streamed=True)
         try:
             await gen.start()
             return await self.step(gen, plan)
@@ -116,7 +120,6 @@ async def stream(
     await send_event(resp, out.chunk({"role": "assistant"}))
     try:
         outcome = await loop.drive(await out.step(gen, loop.ready.plan), out.next_step, out)
-        request[TOOL_CALLS] = len(outcome.runs)  # the usage record's
         gen.stats.finish_reason = outcome.finish_reason
         await out.end(outcome.tool_calls, outcome.finish_reason)
         await out.extension(**{RUNS_FIELD: outcome.runs, STEPS_FIELD: outcome.steps})
@@ -124,12 +127,18 @@ async def stream(
         if loop.body.include_usage:
             usage = usage_body(s.prompt_tokens, s.completion_tokens, s.cached_tokens)
             await send_event(resp, chunk_body(rid, out.model, out.created, None, usage=usage))
+        if outcome.error is not None:  # a later step was refused: the turn ended early
+            raise outcome.error
     except ConnectionError:
         raise
     except Exception as exc:  # headers are out: an error event, then [DONE] (OpenAI style)
-        err = to_api_error(exc) or ApiError(500, "internal server error", type_="internal_error")
+        err = exc if isinstance(exc, ApiError) else to_api_error(exc)
+        if err is None:
+            err = ApiError(500, "internal server error", type_="internal_error")
         obs.stream_error = err.code or err.type
         await send_event(resp, err.body())
+    finally:
+        request[TOOL_CALLS] = loop.calls_run  # the usage record's, however the turn ends
     await send_done(resp)
     obs.delivered = True
     await resp.write_eof()

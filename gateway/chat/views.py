@@ -29,7 +29,14 @@ from aiohttp import web
 
 from engine.api import GenerateOptions
 from gateway.auth import Principal
-from gateway.chat.admission import admit, charged, prepare, read_body, request_scopes
+from gateway.chat.admission import (
+    HeldLimits,
+    admit,
+    charged,
+    prepare,
+    read_body,
+    request_scopes,
+)
 from gateway.chat.cache_scope import request_cache_scope
 from gateway.chat.generation import ChoiceGroup, GenerationStats, Piece
 from gateway.chat.ledger import PROMPT_VERSION, record_chat, record_refusal, reserve_budget
@@ -151,7 +158,7 @@ async def _serve(
         request[PROMPT_VERSION] = entry.version
     gen: ChoiceGroup | None = None
     lease: Lease | None = None
-    n_prompt = 0
+    held: HeldLimits | None = None
     try:
         ready = await charged(request, principal, prepare(request, state, entry, body, rt, obs))
         prompt_ids, params = ready.prompt_ids, ready.params
@@ -166,6 +173,7 @@ async def _serve(
         scopes = request_scopes(request, principal)
         lease = Lease.new(rt.tenant_id, scopes, reserve, slots=body.num_choices)
         decision = await admit(state, lease, obs)
+        held = HeldLimits(request, principal, body.model, lease)
         headers = {**decision.headers(), "x-request-id": rid}
         # blocks past the tenant prefix are the end user's own (gateway/chat/cache_scope.py)
         scope = request_cache_scope(request, principal, body.user, ready.shared_tokens)
@@ -182,12 +190,11 @@ async def _serve(
         )
         await gen.start()
         obs.stats = gen.stats  # admitted by the engine: recorded whatever ends the request
-        loop = tool_loop(state, rt, entry, body, ready, options, request.app[SETTINGS].tools)
+        tools = request.app[SETTINGS].tools
+        loop = tool_loop(state, rt, entry, body, ready, options, tools, held.admit_step)
         if loop is not None:  # the gateway runs the tenant's tools
             answer = stream_tools if body.stream else respond
-            resp = await answer(request, loop, gen, rid, headers, obs)
-            n_prompt = gen.stats.prompt_tokens  # every step's, for the limiter's release
-            return resp, gen.stats
+            return await answer(request, loop, gen, rid, headers, obs), gen.stats
         calls = ready.plan.calls
         if body.stream:
             return await _stream(request, gen, body, rid, headers, obs, calls), gen.stats
@@ -195,15 +202,12 @@ async def _serve(
     finally:
         # Shielded: a client disconnect cancels this handler, but the engine request, the lease
         # and the pin reference must still be given back.
-        await asyncio.shield(_give_back(state, entry, gen, lease, n_prompt))
+        held_lease = held.lease if held is not None else lease  # grown by later steps
+        await asyncio.shield(_give_back(state, entry, gen, held_lease))
 
 
 async def _give_back(
-    state: GatewayState,
-    entry: PromptEntry,
-    gen: ChoiceGroup | None,
-    lease: Lease | None,
-    n_prompt: int,
+    state: GatewayState, entry: PromptEntry, gen: ChoiceGroup | None, lease: Lease | None
 ) -> None:
     stats = gen.stats if gen is not None else None
     ran = stats is not None and stats.engine_metrics is not None  # the engine admitted it
@@ -213,7 +217,8 @@ async def _give_back(
     finally:
         try:
             if lease is not None:
-                used = n_prompt + stats.completion_tokens if ran and stats else 0
+                # every step's prompt and what the engine generated (until an abort)
+                used = stats.prompt_tokens + stats.completion_tokens if ran and stats else 0
                 await state.limiter.release(lease, used)
         finally:
             prompt = stats.prompt_tokens if ran and stats else 0

@@ -95,6 +95,22 @@ class FailoverLimiter:
         self.fallback_decisions += 1
         return await self.fallback.acquire(lease, self.share)
 
+    async def extend(self, lease: Lease, tokens: int) -> Decision:
+        if not self.down:
+            try:
+                decision = await self.primary.extend(lease, tokens)
+            except REDIS_ERRORS as exc:
+                await self._mark_down(exc)
+            else:
+                self._mirror_debts(lease, decision)
+                if decision.lease is not None:
+                    self.fallback.book.extended(decision.lease)
+                return decision
+        if not self.fail_open:
+            raise LimiterUnavailable("rate limiter unavailable")
+        self.fallback_decisions += 1
+        return await self.fallback.extend(lease, tokens, self.share)
+
     async def charge(self, lease: Lease) -> Decision:
         if not self.down:
             try:

@@ -49,6 +49,12 @@ class LeaseBook:
         self._doubt.discard(lease.lease_id)
         self._live[lease.lease_id] = (lease, self._clock(), weight)
 
+    def extended(self, lease: Lease) -> None:
+        """``lease`` reserves more now (``Limiter.extend``): kept with its admission record."""
+        live = self._live.get(lease.lease_id)
+        if live is not None:
+            self._live[lease.lease_id] = (lease, live[1], live[2])
+
     def rejected(self, lease: Lease) -> None:
         self._doubt.discard(lease.lease_id)
 

@@ -115,6 +115,41 @@ class MemoryLimiter:
         )
         return Decision.of(lease, states, reason, at, retry)
 
+    async def extend(self, lease: Lease, tokens: int, share: float = 1.0) -> Decision:
+        now = self._clock()
+        keys = [scope_key(lease.tenant, s) for s in lease.scopes]
+        charges = [
+            self._charge(k, s, tokens, share, now) for k, s in zip(keys, lease.scopes, strict=True)
+        ]
+        reason, at, retry = self._extension_refusal(keys[0], lease, tokens, charges, now)
+        grown = lease.grown(tokens)
+        if reason is None:
+            for key, scope, charge in zip(keys, lease.scopes, charges, strict=True):
+                if scope.limits.tpm:
+                    self._store((key, "tpm"), charge[1], scope.limits.tpm, now)
+            self.book.extended(grown)
+        states = tuple(
+            _state(s, (c[2], c[1] if reason is None else c[3]), share, now)
+            for s, c in zip(lease.scopes, charges, strict=True)
+        )
+        return Decision.of(grown, states, reason, at, retry)
+
+    def _extension_refusal(
+        self, first: ScopeKey, lease: Lease, tokens: int, charges: list[Charge], now: float
+    ) -> tuple[str | None, int | None, float]:
+        """Why ``extend`` refuses: the lease no longer held, tokens beyond a whole TPM (never
+        admissible), else the first TPM overrun; (None, None, 0) when it fits."""
+        held = self._leases.get(first, {}).get(lease.lease_id)
+        if held is None or held[0] <= now:
+            return REASON_CONCURRENCY, 0, 0.0
+        for i, scope in enumerate(lease.scopes):
+            if scope.limits.tpm and tokens > scope.limits.tpm:
+                return REASON_TOO_LARGE, i, -1.0
+        for i, (scope, (_, tpm_new, _, _)) in enumerate(zip(lease.scopes, charges, strict=True)):
+            if scope.limits.tpm and tpm_new - now > PERIOD_MS + SLACK_MS:
+                return REASON_TOKENS, i, tpm_new - now - PERIOD_MS
+        return None, None, 0.0
+
     async def charge(self, lease: Lease, share: float = 1.0) -> Decision:
         now = self._clock()
         keys = [scope_key(lease.tenant, s) for s in lease.scopes]

@@ -120,6 +120,16 @@ class RedisLimiter:
         (self.book.admitted if decision.allowed else self.book.rejected)(lease)
         return decision
 
+    async def extend(self, lease: Lease, tokens: int) -> Decision:
+        args: list[ScriptArg] = ["extend", lease.lease_id, tokens, len(lease.scopes)]
+        for scope in lease.scopes:
+            args += [scope.limits.rpm, scope.limits.tpm]
+        reply = await self._calls.run(self.keys(lease), args)
+        decision = _decision(lease.grown(tokens), [int(x) for x in reply.split()])
+        if decision.lease is not None:
+            self.book.extended(decision.lease)
+        return decision
+
     async def charge(self, lease: Lease) -> Decision:
         keys = [f"{self.scope_base(lease.tenant, s)}:rpm" for s in lease.scopes]
         args: list[ScriptArg] = ["charge", *(s.limits.rpm for s in lease.scopes)]

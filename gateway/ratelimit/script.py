@@ -23,6 +23,12 @@ GCRA_LUA = r"""
 -- all with the same expiry; so ZCARD is the slots held, and expiry, renewal and release treat
 -- the members together. s above a scope's max_concurrency is never admissible (reason 5).
 -- mode "beat":   KEYS[1] replica ZSET; ARGV: mode, replica id, window ms -> live replicas
+-- mode "extend": KEYS as acquire; ARGV: mode, lease id, tokens, n, then per scope: rpm, tpm.
+--                More TPM for a lease still held (a later step of a gateway tool loop): taken
+--                from every scope or from none; no request and no slot is taken. The caller's
+--                lease now reserves ``tokens`` more, and release reconciles against the sum.
+--                Replies as acquire does; reason 3 when the lease is no longer held (expired
+--                or released), 4 when ``tokens`` alone exceed a scope's TPM.
 --
 -- GCRA per dimension with limit L over PERIOD: emission interval T = PERIOD / L, tolerance
 -- PERIOD (burst = L). TAT = theoretical arrival time; a cost c is admitted iff
@@ -158,6 +164,42 @@ if mode == 'release' then
     end
   end
   return 1
+end
+
+if mode == 'extend' then
+  local tokens, n = tonumber(ARGV[3]), tonumber(ARGV[4])
+  local reason, at, retry = 0, 0, 0
+  local held = redis.call('ZSCORE', KEYS[4], id)
+  if not held or tonumber(held) <= now then reason, at = 3, 1 end
+  local rpm_tat, tpm_tat, tpm_new = {}, {}, {}
+  for i = 0, n - 1 do
+    local k, a = 2 + 4 * i, 5 + 2 * i
+    local rpm, tpm = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+    rpm_tat[i], tpm_tat[i], tpm_new[i] = now, now, now
+    if rpm > 0 then rpm_tat[i] = load_tat(KEYS[k], rpm, 0) end
+    if tpm > 0 then
+      tpm_tat[i] = load_tat(KEYS[k + 1], tpm, 0)
+      tpm_new[i] = tpm_tat[i] + tokens * (PERIOD / tpm)
+      if tokens > tpm and reason < 4 then reason, at, retry = 4, i + 1, -1
+      elseif reason == 0 and tpm_new[i] - now > PERIOD + SLACK then
+        reason, at, retry = 2, i + 1, tpm_new[i] - now - PERIOD
+      end
+    end
+  end
+  local out = {}
+  for i = 0, n - 1 do
+    local a = 5 + 2 * i
+    local rpm, tpm = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+    if reason == 0 and tpm > 0 then
+      store_tat(KEYS[3 + 4 * i], tpm_new[i], tpm)
+    else
+      tpm_new[i] = tpm_tat[i]
+    end
+    out[#out + 1] = string.format('%d %d %d %d', remaining(rpm, rpm_tat[i]),
+      math.ceil(rpm_tat[i] - now), remaining(tpm, tpm_new[i]), math.ceil(tpm_new[i] - now))
+  end
+  return string.format('%d %d %d %d ', reason == 0 and 1 or 0, reason, at, math.ceil(retry))
+    .. table.concat(out, ' ')
 end
 
 -- acquire

@@ -25,6 +25,7 @@ free (``charge``; no tokens, no lease).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import uuid
 from dataclasses import dataclass
@@ -111,6 +112,10 @@ class Lease:
     def new(cls, tenant: str, scopes: tuple[Scope, ...], tokens: int, slots: int = 1) -> Lease:
         assert scopes and scopes[0].kind == SCOPE_TENANT, "the tenant scope comes first"
         return cls(tenant, uuid.uuid4().hex, scopes, tokens, slots)
+
+    def grown(self, tokens: int) -> Lease:
+        """This lease reserving ``tokens`` more (``Limiter.extend``)."""
+        return dataclasses.replace(self, reserved_tokens=self.reserved_tokens + tokens)
 
     @classmethod
     def single(cls, tenant: str, limits: Limits, tokens: int, slots: int = 1) -> Lease:
@@ -236,6 +241,14 @@ class Limiter(Protocol):
         admission: it costs its client as an admitted one would), or from none when a scope has
         no room (``allowed`` false, reason "requests"). Takes no tokens and holds no lease: the
         decision's ``lease`` is None, there is nothing to release."""
+        ...
+
+    async def extend(self, lease: Lease, tokens: int) -> Decision:
+        """Reserve ``tokens`` more TPM for a lease still held (a later step of a request: the
+        gateway's tool loop), from every scope or from none; no request and no concurrency slot
+        is taken. Allowed: the decision's ``lease`` is ``lease`` reserving ``tokens`` more, the
+        one to release. Refused (reason "tokens", "too_large", or "concurrency" when the lease
+        is no longer held): nothing is taken and ``lease`` stays as it was."""
         ...
 
     async def release(self, lease: Lease, used_tokens: int) -> None:

@@ -343,3 +343,39 @@ async def test_the_last_request_and_token_a_limit_allows_survive_clock_rounding(
         assert [c.states[0].requests.remaining for c in charges[:2]] == [1, 0]
     finally:
         await limiter.close()
+
+
+async def test_extend_reserves_more_tokens_for_a_held_lease(limiter: Limiter) -> None:
+    """A later step of one request (the gateway's tool loop) takes TPM, never a request or a
+    slot; the lease it hands back is the one to release, reconciled against the sum."""
+    limits = Limits(rpm=2, tpm=1000, max_concurrency=1)
+    first = await admit(limiter, "t", limits, 300)
+    assert first.allowed and first.lease is not None
+    more = await limiter.extend(first.lease, 400)
+    assert more.allowed and more.lease is not None
+    assert more.lease.reserved_tokens == 700 and more.lease.lease_id == first.lease.lease_id
+    assert more.tokens is not None and more.tokens.remaining == 300
+    assert await held(limiter, "t") == 1  # no second slot
+    assert more.requests is not None and more.requests.remaining == 1  # no second request
+    over = await limiter.extend(more.lease, 301)
+    assert not over.allowed and over.reason == "tokens" and over.lease is None
+    assert over.tokens is not None and over.tokens.remaining == 300  # nothing taken
+    await limiter.release(more.lease, used_tokens=250)  # 450 of the 700 given back
+    again = await admit(limiter, "t", limits, 750)
+    assert again.allowed and again.tokens is not None and again.tokens.remaining == 0
+    assert again.lease is not None
+    await limiter.release(again.lease, 750)
+
+
+async def test_extend_refuses_a_lease_no_longer_held(limiter: Limiter) -> None:
+    limits = Limits(tpm=1000)
+    first = await admit(limiter, "t", limits, 100)
+    assert first.lease is not None
+    await limiter.release(first.lease, 100)
+    late = await limiter.extend(first.lease, 10)
+    assert not late.allowed and late.reason == "concurrency" and late.lease is None
+    too_large = await admit(limiter, "t", limits, 100)
+    assert too_large.lease is not None
+    refused = await limiter.extend(too_large.lease, 1001)  # more than a whole minute's TPM
+    assert not refused.allowed and refused.reason == "too_large"
+    await limiter.release(too_large.lease, 100)

@@ -54,9 +54,13 @@ class CallDelta:
 
 @dataclass
 class ToolCall:
+    """One call; ``complete`` once the model closed its object (a call cut by ``max_tokens``
+    never is: the gateway never runs such a call)."""
+
     id: str
     name: str
     arguments: str = ""
+    complete: bool = False
 
     def body(self) -> dict[str, object]:
         return {
@@ -201,6 +205,7 @@ class ToolCallParser:
             if fragment:
                 self.calls[index].arguments += fragment
                 out.deltas.append(CallDelta(index, fragment))
+            self.calls[index].complete = scanned.closed
 
     def _new_arguments(self, block: _Block, k: int, scanned: ScannedCall, text: str) -> str:
         sent = block.sent.get(k, 0)

@@ -32,7 +32,7 @@ from tests.gateway.tenant_tools.webhook_server import Receiver, webhook_receiver
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SYSTEM = "You are the order desk of a small shop. Look orders up before you answer."
-LIMITS = {"rpm": 10_000, "tpm": 10_000_000, "max_concurrency": 8, "max_output_tokens": 200}
+LIMITS = {"rpm": 10_000, "tpm": 10_000_000, "max_concurrency": 8, "max_output_tokens": 400}
 EMPTY = {"type": "object", "properties": {}, "additionalProperties": False}
 ASK = [{"role": "user", "content": "Where is order 12?"}]
 
@@ -143,7 +143,8 @@ async def test_the_round_limit_ends_the_loop(gw: LiveGateway, receiver: Receiver
     client = await _tenant(
         gw, receiver, tools=tools, tool_choice=named("lookup_order"), max_tool_rounds=3
     )
-    done = await _ask(gw, client)
+    # max_tokens bounds the whole turn (docs/tools.md): room for three calls and an answer
+    done = await _ask(gw, client, max_tokens=300)
     runs, steps = _extra(done)
     assert [r["round"] for r in runs] == [1, 2, 3] and len(steps) == 4
     assert all(r["status"] == "ok" for r in runs)
@@ -210,7 +211,8 @@ async def test_streamed_the_loop_shows_each_run_and_continues(
     client = await _tenant(
         gw, receiver, tools=tools, tool_choice=named("lookup_order"), max_tool_rounds=2
     )
-    args = {"model": gw.state.model_name, "messages": ASK, "max_tokens": 60, "temperature": 0.0}
+    # max_tokens bounds the whole turn: room for two calls and an answer
+    args = {"model": gw.state.model_name, "messages": ASK, "max_tokens": 200, "temperature": 0.0}
     chunks = [
         c
         async for c in await client.chat.completions.create(
@@ -276,7 +278,7 @@ async def test_the_usage_record_counts_the_tool_calls(gw: LiveGateway, receiver:
     out = await gw.admin("PUT", f"/tenants/{t.id}/system-prompt", version)
     receiver.secret = out["webhook_secret"]
     await gw.wait_pinned(t.id)
-    done = await _ask(gw, gw.openai(t.key))
+    done = await _ask(gw, gw.openai(t.key), max_tokens=200)  # two calls' room (the whole turn)
     runs, _ = _extra(done)
     hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     stamp = "%Y-%m-%dT%H:00:00Z"

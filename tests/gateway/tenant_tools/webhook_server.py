@@ -79,6 +79,10 @@ def _app(receiver: Receiver) -> web.Application:
         await record(request)  # what a tool answers arguments it cannot use
         return web.json_response({"error": "order_id must be a number"}, status=422)
 
+    async def big(request: web.Request) -> web.Response:
+        await record(request)  # ~40 KB of JSON: within the answer cap, past a 4k context
+        return web.json_response({"notes": "order details " * 3000})
+
     async def text(request: web.Request) -> web.Response:
         await record(request)
         return web.Response(text="not json at all")
@@ -95,6 +99,7 @@ def _app(receiver: Receiver) -> web.Application:
         ("/fail", fail),
         ("/reject", reject),
         ("/huge", huge),
+        ("/big", big),
         ("/text", text),
         ("/redirect", redirect),
     ):

@@ -115,3 +115,26 @@ def test_a_cut_call_keeps_what_was_written() -> None:
     parser.feed('Sure. <tool_call>\n{"name": "weather", "arguments": {"ci')
     parser.close()
     assert _calls(parser) == [("weather", '{"ci')] and parser.content == "Sure."
+
+
+ONE_CALL = [
+    (HERMES, '<tool_call>\n{"name": "lookup_order", "arguments": {"order_id": 12}}\n</tool_call>'),
+    (SMOLLM2, '<tool_call>[{"name": "lookup_order", "arguments": {"order_id": 12}}]</tool_call>'),
+    (LLAMA3, '{"name": "lookup_order", "parameters": {"order_id": 12}}'),
+]
+
+
+@pytest.mark.parametrize(("fmt", "text"), ONE_CALL)
+def test_a_call_is_complete_only_once_its_object_is_closed(fmt: ToolFormat, text: str) -> None:
+    """A call cut by max_tokens (its object not closed) is never complete, wherever the cut
+    falls: the gateway never runs it."""
+    parser = ToolCallParser(fmt)
+    parser.feed(text)
+    parser.close()
+    assert [c.complete for c in parser.calls] == [True]
+    close = text.rindex("}") + 1  # the call object's last brace (its arguments' closed before)
+    for cut in range(1, close):
+        partial = ToolCallParser(fmt)
+        partial.feed(text[:cut])
+        partial.close()
+        assert not any(c.complete for c in partial.calls), (cut, text[:cut])
