@@ -363,7 +363,8 @@ VARIABLES: tuple[Variable, ...] = (
         _opt_str,
         "",
         "usage records' local spool (one per gateway process); "
-        "unset: <KVGATE_VAR_DIR>/usage-spool/port-<KVGATE_PORT>",
+        "unset: <KVGATE_VAR_DIR>/usage-spool/port-<KVGATE_PORT>; at start, the spools under "
+        "<KVGATE_VAR_DIR>/usage-spool of processes that are gone are adopted and replayed",
     ),
     Variable("KVGATE_USAGE_FLUSH_S", _positive_float, "0.1", "usage batch interval (fsync + DB)"),
     Variable("KVGATE_USAGE_BATCH", _int_ge1, "500", "usage records per batch at most"),
@@ -728,9 +729,10 @@ def _usage_settings(src: Mapping[str, str], var_dir: Path, port: int) -> UsageSe
         raise SettingsError(f"KVGATE_BUDGET_TIMEZONE: unknown time zone {tz_name!r}") from None
     return UsageSettings(
         enabled=value(src, "KVGATE_USAGE_LEDGER"),
-        # one per listening port: replicas on one host never share a spool, and a restart on
-        # the same port replays its own
+        # one per listening port: replicas on one host never share a spool; a restart on any
+        # port adopts what a gone process left under the root (gateway/usage/spool.py)
         spool_dir=Path(spool) if spool else var_dir / "usage-spool" / f"port-{port}",
+        spool_root=var_dir / "usage-spool",
         flush_s=value(src, "KVGATE_USAGE_FLUSH_S"),
         batch_size=value(src, "KVGATE_USAGE_BATCH"),
         db_deadline_s=value(src, "KVGATE_USAGE_DB_TIMEOUT_S"),

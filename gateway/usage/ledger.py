@@ -50,7 +50,7 @@ class Ledger:
             database_url, timeout_s=settings.db_deadline_s, **pool
         )
         self.writer = LedgerWriter(self.engine, settings.retention_days)
-        self.spool = Spool(settings.spool_dir, settings.segment_bytes)
+        self.spool = Spool(settings.spool_dir, settings.segment_bytes, settings.spool_root)
         self.prices = PriceBook(settings.prices)
         self.recorder = Recorder(
             self.spool,
@@ -102,9 +102,10 @@ class Ledger:
         task.add_done_callback(self._settling.discard)
 
     async def start(self) -> None:
-        """Open the spool (replay of what an earlier process left starts with the first tick)
-        and the background tasks. A database that is down does not stop the start."""
-        self.spool.open()
+        """Open the spool (on a thread: file work, a lock wait), adopting the spools of gateways
+        that are gone (replay of all they left starts with the first tick), and the background
+        tasks. A database that is down does not stop the start."""
+        await asyncio.to_thread(self.spool.open)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._reload(), self.settings.db_deadline_s)
         self.recorder.start()
