@@ -24,7 +24,7 @@ from gateway.usage.config import UsageSettings
 from gateway.usage.prices import PriceBook
 from gateway.usage.record import UsageRecord
 from gateway.usage.recorder import Recorder
-from gateway.usage.spool import Spool
+from gateway.usage.spool import Spool, database_tag
 from gateway.usage.writer import LedgerWriter
 from tenants.db import make_engine
 
@@ -50,7 +50,12 @@ class Ledger:
             database_url, timeout_s=settings.db_deadline_s, **pool
         )
         self.writer = LedgerWriter(self.engine, settings.retention_days)
-        self.spool = Spool(settings.spool_dir, settings.segment_bytes, settings.spool_root)
+        self.spool = Spool(
+            settings.spool_dir,
+            settings.segment_bytes,
+            settings.spool_root,
+            database_tag(database_url),
+        )
         self.prices = PriceBook(settings.prices)
         self.recorder = Recorder(
             self.spool,

@@ -22,7 +22,11 @@ process holds (a lock dies with its process, SIGKILL included)::
 
     take the orphan's lock (non-blocking: held -> a live gateway, skip it)
     -> rename each of its segments into this spool under a new number (needs replay)
-    -> fsync this directory, then the orphan's -> remove its lock file and the directory
+    -> fsync this directory, then the orphan's -> remove its files and the directory
+
+A spool records which database its records are for (``<dir>/database``: a digest of the
+database URL without its password); an orphan written for another database is never adopted
+(its records would land in the wrong ledger), one without the file (an older version's) is.
 
 Every segment is in exactly one directory at every moment (``rename`` is atomic), so a crash
 mid-adoption loses nothing: what was moved is in a spool of this process (adopted in turn when
@@ -38,6 +42,7 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import hashlib
 import os
 import re
 import shutil
@@ -46,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
+from sqlalchemy.engine import make_url
 
 from gateway.usage.record import UsageRecord, decode_lines, encode_line
 
@@ -76,11 +82,16 @@ class Segment:
 
 class Spool:
     def __init__(
-        self, directory: Path, segment_bytes: int = 4 << 20, root: Path | None = None
+        self,
+        directory: Path,
+        segment_bytes: int = 4 << 20,
+        root: Path | None = None,
+        database: str | None = None,
     ) -> None:
         self.dir = directory
         self.segment_bytes = segment_bytes
         self.root = root  # sibling spools under it are adopted at open; None: none
+        self.database = database  # the database's digest (``database_tag``); None: unknown
         self.closed: list[Segment] = []  # oldest first; each needs replay or awaits deletion
         self.current: Segment | None = None
         self._lock_fd: int | None = None
@@ -92,6 +103,8 @@ class Spool:
         of dead siblings under ``root`` (all need replay) and open a new current segment.
         Blocking file work (a thread at start-up: ``Ledger.start``)."""
         self._lock_fd = _lock_own(self.dir)
+        if self.database is not None:
+            _write_tag(self.dir, self.database)
         for path in sorted(self.dir.iterdir()):
             m = _SEGMENT.fullmatch(path.name)
             if m:
@@ -115,8 +128,14 @@ class Spool:
             fd = _try_lock(orphan, create=False)
             if fd is None:  # a live gateway's, or no spool, or already adopted
                 continue
+            tag = _read_tag(orphan)
+            if tag is not None and tag != self.database:
+                os.close(fd)
+                log.warning("usage_spool_of_another_database", directory=str(orphan))
+                continue
             try:
                 moved = self._take_segments(orphan)
+                (orphan / _TAG).unlink(missing_ok=True)
                 (orphan / "lock").unlink()
                 with contextlib.suppress(OSError):  # something else lives there: leave it
                     orphan.rmdir()
@@ -221,6 +240,36 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_TAG = "database"
+
+
+def database_tag(url: str) -> str:
+    """A digest naming a database: its URL without password or query, a SQLite file's path
+    made absolute (one file, however the URL spells it)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database:
+        parsed = parsed.set(database=str(Path(parsed.database).resolve()))
+    name = parsed.set(query={}).render_as_string(hide_password=True)
+    return hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
+
+
+def _write_tag(directory: Path, tag: str) -> None:
+    path = directory / _TAG
+    if _read_tag(directory) == tag:
+        return
+    tmp = path.with_name(_TAG + ".tmp")
+    tmp.write_text(tag + "\n")
+    os.rename(tmp, path)
+    _fsync_dir(directory)
+
+
+def _read_tag(directory: Path) -> str | None:
+    try:
+        return (directory / _TAG).read_text().strip()
+    except FileNotFoundError:
+        return None
 
 
 def _try_lock(directory: Path, *, create: bool) -> int | None:

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 
 from gateway.usage.record import UsageRecord
-from gateway.usage.spool import Spool
+from gateway.usage.spool import Spool, database_tag
 from tenants.db import make_engine
 from tests.e2e.servers import ServeProcess
 from tests.gateway.harness import ADMIN_TOKEN
@@ -104,9 +104,9 @@ def _record(i: int) -> UsageRecord:
     )
 
 
-def _orphan(root: Path, name: str, records: range, segment_bytes: int = 4 << 20) -> None:
+def _orphan(root: Path, name: str, records: range, database: str | None = None) -> None:
     """A spool left as a dead process leaves it: segments on disk, its lock released."""
-    spool = Spool(root / name, segment_bytes)
+    spool = Spool(root / name, database=database)
     spool.open()
     for i in records:
         spool.append(_record(i))
@@ -162,6 +162,26 @@ async def test_a_live_spool_is_left_alone_and_a_dead_ones_remains_are_kept(
     ids = await _ids(later)
     assert "req-1" in ids and len(ids) == len(set(ids))
     later.close(all_applied=False)
+
+
+async def test_a_spool_of_another_database_is_not_adopted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    here = database_tag("sqlite+aiosqlite:///./var/kvgate.db")
+    assert here == database_tag(f"sqlite+aiosqlite:///{tmp_path}/var/kvgate.db")
+    assert database_tag("postgresql+asyncpg://u:pw@h/db") == database_tag(
+        "postgresql+asyncpg://u:other@h/db?ssl=require"
+    )  # the password and options are not the database
+    there = database_tag("postgresql+asyncpg://u@h/db")
+    root = tmp_path / "usage-spool"
+    _orphan(root, "port-1", range(0, 3), database=there)
+    _orphan(root, "port-2", range(3, 6), database=here)
+    mine = Spool(root / "port-3", root=root, database=here)
+    mine.open()
+    assert sorted(await _ids(mine)) == ["req-3", "req-4", "req-5"]
+    assert (root / "port-1").exists() and not (root / "port-2").exists()
+    mine.close(all_applied=False)
 
 
 def test_the_own_directory_waits_for_an_adopter_then_refuses_a_live_holder(
