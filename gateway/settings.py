@@ -400,6 +400,14 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_DEFAULT_MAX_CONCURRENCY", _str, None, "tenant default concurrency (16)"),
     Variable("KVGATE_DEFAULT_MAX_OUTPUT_TOKENS", _str, None, "tenant default output cap (1024)"),
     Variable("KVGATE_KEY_LAST_USED_FLUSH_S", _str, None, "key last_used_at flush interval (30)"),
+    Variable(
+        "KVGATE_SECRETS_KEY",
+        _str,
+        None,
+        "key sealing stored MCP bearer tokens and tool signing secrets: 32+ characters "
+        "(openssl rand -hex 32), the same on every gateway of a database; NEW,OLD while "
+        "rotating; unset: <KVGATE_VAR_DIR>/secrets.key with SQLite, required otherwise",
+    ),
 )
 _BY_NAME = {v.name: v for v in VARIABLES}
 
