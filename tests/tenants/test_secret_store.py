@@ -114,7 +114,7 @@ async def test_rotation_reseals_everything_then_the_old_key_goes(store: TenantSt
 async def test_a_value_no_key_opens_fails_the_whole_rotation(store: TenantStore) -> None:
     await _secrets_of(store)
     before = await _column(store, "SELECT tool_secret FROM tenants")
-    with pytest.raises(SecretUnreadable, match="tenant .*, tool_secret: a stored secret opens"):
+    with pytest.raises(SecretUnreadable, match=r"tenant .*, tool_secret: a stored secret opens"):
         await store.write(lambda s: reseal_all(s, SecretBox([NEW_KEY])))
     assert await _column(store, "SELECT tool_secret FROM tenants") == before  # nothing written
 
