@@ -354,6 +354,7 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "KVGATE_KEY_CACHE_TTL_S": "600",
                 "KVGATE_MODEL_NAME": model_dir.resolve().name,
                 "KVGATE_USAGE_SPOOL_DIR": str(tmp / f"spool-{name}"),  # one spool per gateway
+                "KVGATE_VAR_DIR": str(tmp / "var"),  # its secrets.key, never the checkout's var/
                 **extra,
             }
             # One engine for all: the app that starts it first owns it; the others reuse it.

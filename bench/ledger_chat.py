@@ -10,6 +10,7 @@ differences (on - off), per repeat and overall.
 
 from __future__ import annotations
 
+import secrets
 import statistics
 import tempfile
 from pathlib import Path
@@ -32,6 +33,7 @@ async def chat_p50(
         engine = AsyncEngine.from_pretrained(model_dir, device="cpu", kv_cache_bytes=64 << 20)
         setups: dict[str, _Setup] = {}
         try:
+            key = secrets.token_hex(32)  # both gateways share the (fresh) database: one key
             for side in ("on", "off"):
                 env = {
                     "KVGATE_DATABASE_URL": database_url,
@@ -39,6 +41,7 @@ async def chat_p50(
                     "KVGATE_KEY_CACHE_TTL_S": "600",
                     "KVGATE_MODEL_NAME": "demo",
                     "KVGATE_VAR_DIR": f"{tmp}/var-{side}",
+                    "KVGATE_SECRETS_KEY": key,
                     "KVGATE_USAGE_LEDGER": "true" if side == "on" else "false",
                 }
                 setups[side] = await _start(Settings.from_env(env), engine)

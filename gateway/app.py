@@ -5,7 +5,8 @@ process and connects nowhere (the tenant store's connection pool connects lazily
 only chosen, gateway/engine_source.py). Everything that loads, starts or connects lives in
 ``cleanup_ctx``, in this order (closed in reverse)::
 
-    telemetry provider -> tenant store (schema check) -> usage ledger (spool, replay) + events
+    telemetry provider -> tenant store (schema check, secrets key check)
+    -> usage ledger (spool, replay) + events
     -> limiter
     -> engine: opened (model loaded on a thread / local worker started / workers' info fetched),
        then started -> key cache + pins (start-up pinning in the background; /readyz waits)
@@ -134,6 +135,7 @@ def create_app(
         engine=db,
         deadline_s=dbs.timeout_s,
         health=DbHealth(dbs.retry_s),
+        secrets=settings.tenants.secrets,
     )
     auth = settings.auth
     app[ADMIN_SESSIONS] = make_sessions(settings)  # Redis: shared by every replica
@@ -233,6 +235,8 @@ def _lifecycle(
             stack.push_async_callback(_shutdown_provider, tel)
             stack.push_async_callback(store.aclose)
             await check_schema(db)
+            # the secrets key: loaded and checked against the database (a wrong one fails here)
+            await store.secrets.box()
             if LEDGER in app:  # after the schema check; closed after the requests drained
                 await app[LEDGER].start()
                 stack.push_async_callback(app[LEDGER].close)

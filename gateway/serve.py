@@ -8,6 +8,8 @@ With no configuration at all this is the embedded default, ready to use:
     var/demo-model/              the deterministic demo model, written on first start
     var/admin-token.sha256       hash of the admin token generated on first start (the token
                                  itself is printed once, then never again)
+    var/secrets.key              the key sealing stored MCP bearer tokens and tool signing
+                                 secrets, generated once (KVGATE_SECRETS_KEY instead)
     in-process rate limiter      (KVGATE_REDIS_URL unset)
 
 Prometheus metrics are served on a listener of their own (KVGATE_METRICS_HOST, default
@@ -39,6 +41,8 @@ from aiohttp import web
 
 from gateway.default_model import default_model_env
 from gateway.settings import Settings, SettingsError
+from tenants.sealing import SecretsKeyError
+from tenants.secret_keys import SecretsSettings
 
 TOKEN_FILE = "admin-token.sha256"
 
@@ -91,12 +95,13 @@ def ensure_demo_model(var_dir: Path) -> Path:
     return path
 
 
-def prepare_database(url: str) -> None:
-    """SQLite (the embedded default) migrates itself; PostgreSQL needs ``kvgate migrate``."""
+def prepare_database(url: str, secrets_key: SecretsSettings | None = None) -> None:
+    """SQLite (the embedded default) migrates itself; PostgreSQL needs ``kvgate migrate``.
+    ``secrets_key``: where the key is, should a migration seal stored secrets."""
     if url.startswith("sqlite"):
         from tenants.migrate import upgrade_to_head
 
-        asyncio.run(upgrade_to_head(url))
+        asyncio.run(upgrade_to_head(url, secrets_key))
 
 
 def _serve_metrics(app: web.Application, settings: Settings) -> None:
@@ -143,7 +148,11 @@ def main(argv: Sequence[str]) -> int:
     from gateway.telemetry import configure_logging
 
     configure_logging(settings.telemetry)
-    prepare_database(settings.tenants.database_url)
+    try:
+        prepare_database(settings.tenants.database_url, settings.tenants.secrets)
+    except SecretsKeyError as exc:
+        print(f"kvgate serve: {exc}", file=sys.stderr)
+        return 1
     model_dir = settings.model.path or str(ensure_demo_model(settings.server.var_dir))
     if new_token is not None:
         print(f"kvgate serve: admin token (shown once, keep it): {new_token}", flush=True)
@@ -169,6 +178,9 @@ def main(argv: Sequence[str]) -> int:
         print(redis_start_error(settings.ratelimit.redis_url), file=sys.stderr)
         return 1
     except (LocalWorkerError, ClusterUnavailable) as exc:  # the engine did not open (stopped)
+        print(f"kvgate serve: {exc}", file=sys.stderr)
+        return 1
+    except SecretsKeyError as exc:  # no secrets key, or not this database's (start-up check)
         print(f"kvgate serve: {exc}", file=sys.stderr)
         return 1
     _exit_now(0)

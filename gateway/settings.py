@@ -386,7 +386,8 @@ VARIABLES: tuple[Variable, ...] = (
         _opt_str,
         "",
         "usage records' local spool (one per gateway process); "
-        "unset: <KVGATE_VAR_DIR>/usage-spool/port-<KVGATE_PORT>",
+        "unset: <KVGATE_VAR_DIR>/usage-spool/port-<KVGATE_PORT>; at start, the spools under "
+        "<KVGATE_VAR_DIR>/usage-spool of processes that are gone are adopted and replayed",
     ),
     Variable("KVGATE_USAGE_FLUSH_S", _positive_float, "0.1", "usage batch interval (fsync + DB)"),
     Variable("KVGATE_USAGE_BATCH", _int_ge1, "500", "usage records per batch at most"),
@@ -422,6 +423,14 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_DEFAULT_MAX_CONCURRENCY", _str, None, "tenant default concurrency (16)"),
     Variable("KVGATE_DEFAULT_MAX_OUTPUT_TOKENS", _str, None, "tenant default output cap (1024)"),
     Variable("KVGATE_KEY_LAST_USED_FLUSH_S", _str, None, "key last_used_at flush interval (30)"),
+    Variable(
+        "KVGATE_SECRETS_KEY",
+        _str,
+        None,
+        "key sealing stored MCP bearer tokens and tool signing secrets: 32+ characters "
+        "(openssl rand -hex 32), the same on every gateway of a database; NEW,OLD while "
+        "rotating; unset: <KVGATE_VAR_DIR>/secrets.key with SQLite, required otherwise",
+    ),
 )
 _BY_NAME = {v.name: v for v in VARIABLES}
 
@@ -755,9 +764,10 @@ def _usage_settings(src: Mapping[str, str], var_dir: Path, port: int) -> UsageSe
         raise SettingsError(f"KVGATE_BUDGET_TIMEZONE: unknown time zone {tz_name!r}") from None
     return UsageSettings(
         enabled=value(src, "KVGATE_USAGE_LEDGER"),
-        # one per listening port: replicas on one host never share a spool, and a restart on
-        # the same port replays its own
+        # one per listening port: replicas on one host never share a spool; a restart on any
+        # port adopts what a gone process left under the root (gateway/usage/spool.py)
         spool_dir=Path(spool) if spool else var_dir / "usage-spool" / f"port-{port}",
+        spool_root=var_dir / "usage-spool",
         flush_s=value(src, "KVGATE_USAGE_FLUSH_S"),
         batch_size=value(src, "KVGATE_USAGE_BATCH"),
         db_deadline_s=value(src, "KVGATE_USAGE_DB_TIMEOUT_S"),

@@ -311,7 +311,12 @@ async def _tenants(settings: TenantStoreSettings, args: argparse.Namespace) -> N
     if settings.redis_url:
         bridge = RedisEventBridge.from_url(bus, settings.redis_url, settings.event_channel)
         bus.add_forwarder(bridge.send)
-    store = TenantStore.open(settings.database_url, bus=bus, default_limits=settings.default_limits)
+    store = TenantStore.open(
+        settings.database_url,
+        bus=bus,
+        default_limits=settings.default_limits,
+        secrets=settings.secrets,  # loaded and checked only by a command that needs it
+    )
     try:
         await check_schema(store.engine)
         await ACTIONS[args.action](store, args)
@@ -321,7 +326,7 @@ async def _tenants(settings: TenantStoreSettings, args: argparse.Namespace) -> N
             await bridge.aclose()
 
 
-def _settings(database_url: str | None) -> TenantStoreSettings:
+def settings_from_env(database_url: str | None) -> TenantStoreSettings:
     env = dict(os.environ)
     if database_url:
         env["KVGATE_DATABASE_URL"] = database_url
@@ -330,20 +335,30 @@ def _settings(database_url: str | None) -> TenantStoreSettings:
 
 def main(argv: Sequence[str]) -> int:
     command, rest = argv[0], list(argv[1:])
-    try:
-        if command == "migrate":
-            p = argparse.ArgumentParser(prog="kvgate migrate", description="upgrade schema to head")
-            _common(p)
-            args = p.parse_args(rest)
-            settings = _settings(args.database_url)
-            from tenants.migrate import upgrade_to_head
+    return reported(command, lambda: _main(command, rest))
 
-            asyncio.run(upgrade_to_head(settings.database_url))
-            print("tenant database schema is at head")
-            return 0
-        args = build_parser().parse_args(rest)
-        asyncio.run(_tenants(_settings(args.database_url), args))
+
+def _main(command: str, rest: list[str]) -> int:
+    if command == "migrate":
+        p = argparse.ArgumentParser(prog="kvgate migrate", description="upgrade schema to head")
+        _common(p)
+        args = p.parse_args(rest)
+        settings = settings_from_env(args.database_url)
+        from tenants.migrate import upgrade_to_head
+
+        asyncio.run(upgrade_to_head(settings.database_url, settings.secrets))
+        print("tenant database schema is at head")
         return 0
+    args = build_parser().parse_args(rest)
+    asyncio.run(_tenants(settings_from_env(args.database_url), args))
+    return 0
+
+
+def reported(command: str, work: Callable[[], int]) -> int:
+    """``work``'s exit code; a configuration error is one line and exit 2, a store error (the
+    database unreachable included) one line and exit 1."""
+    try:
+        return work()
     except ConfigError as exc:
         print(f"kvgate {command}: configuration error: {exc}", file=sys.stderr)
         return 2

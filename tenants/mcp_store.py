@@ -1,5 +1,5 @@
-"""A tenant's MCP servers: the URL, the optional bearer token (never returned or logged) and
-the snapshot of the tools the server listed when it was added."""
+"""A tenant's MCP servers: the URL, the optional bearer token (stored sealed: tenants/sealing.py;
+never returned or logged) and the snapshot of the tools the server listed when it was added."""
 
 from __future__ import annotations
 
@@ -7,14 +7,19 @@ import secrets
 from datetime import datetime
 from typing import Any
 
+import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from tenants.models import McpServer, utcnow
+from tenants.sealing import SecretBox, SecretUnreadable
+from tenants.secret_store import seal
 from tenants.service import lock_tenant, write_audit
 from tenants.store import TenantStore
 from tenants.tools import MAX_URL_CHARS
+
+log = structlog.get_logger(__name__)
 
 
 class McpServerIn(BaseModel):
@@ -54,13 +59,14 @@ async def add_server(
     tools: list[dict[str, Any]],
     *,
     actor: str,
+    box: SecretBox,
 ) -> McpServerOut:
     await lock_tenant(session, tenant_id, allow_deleted=False)
     row = McpServer(
         id=f"mcp_{secrets.token_hex(8)}",
         tenant_id=tenant_id,
         url=data.url,
-        bearer=data.bearer,
+        bearer=None if data.bearer is None else await seal(session, box, data.bearer),
         tools=tools,
         created_at=utcnow(),
     )
@@ -79,13 +85,20 @@ async def list_servers(session: AsyncSession, tenant_id: str) -> list[McpServerO
 
 
 async def server_access(
-    session: AsyncSession, tenant_id: str, server_id: str
+    session: AsyncSession, tenant_id: str, server_id: str, box: SecretBox
 ) -> tuple[str, str | None] | None:
-    """URL and bearer of the tenant's own server (another tenant's is None)."""
+    """URL and clear bearer of the tenant's own server (another tenant's is None);
+    ``SecretUnreadable`` when no key of the ring opens the bearer."""
     row = await session.get(McpServer, server_id)
     if row is None or row.tenant_id != tenant_id:
         return None
-    return row.url, row.bearer
+    if row.bearer is None:
+        return row.url, None
+    try:
+        return row.url, box.unseal(row.bearer)
+    except SecretUnreadable:
+        log.error("secret_unreadable", tenant=tenant_id, secret="mcp_bearer", server=server_id)
+        raise
 
 
 class McpStore:
@@ -95,11 +108,15 @@ class McpStore:
     async def add(
         self, tenant_id: str, data: McpServerIn, tools: list[dict[str, Any]], *, actor: str
     ) -> McpServerOut:
-        return await self._store.write(lambda s: add_server(s, tenant_id, data, tools, actor=actor))
+        box = await self._store.secrets.box()
+        return await self._store.write(
+            lambda s: add_server(s, tenant_id, data, tools, actor=actor, box=box)
+        )
 
     async def list(self, tenant_id: str) -> list[McpServerOut]:
         await self._store.get_tenant(tenant_id)  # 404 for an unknown tenant
         return await self._store.read(lambda s: list_servers(s, tenant_id))
 
     async def access(self, tenant_id: str, server_id: str) -> tuple[str, str | None] | None:
-        return await self._store.read(lambda s: server_access(s, tenant_id, server_id))
+        box = await self._store.secrets.box()
+        return await self._store.read(lambda s: server_access(s, tenant_id, server_id, box))

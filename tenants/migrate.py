@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tenants.db import is_unavailable, make_engine, unavailable
 from tenants.errors import SchemaOutdated
+from tenants.secret_keys import SecretsSettings
 
 
 def script_location() -> Path:
@@ -45,9 +46,12 @@ def head_revisions() -> set[str]:
     return set(ScriptDirectory.from_config(alembic_config()).get_heads())
 
 
-def _run(connection: Connection, op: str, target: str) -> None:
+def _run(connection: Connection, op: str, target: str, secrets: SecretsSettings | None) -> None:
     cfg = alembic_config()
     cfg.attributes["connection"] = connection
+    # where the secrets key comes from, when a migration must seal or open stored secrets
+    # (migrations/versions/0009_*); None: the migration reads the environment
+    cfg.attributes["secrets"] = secrets
     getattr(command, op)(cfg, target)
 
 
@@ -80,25 +84,30 @@ async def _migration_lock(engine: AsyncEngine) -> AsyncIterator[None]:
 _LOCK_PG = text("SELECT pg_advisory_xact_lock(:key)")
 
 
-async def migrate_engine(engine: AsyncEngine, op: str = "upgrade", target: str = "head") -> None:
+async def migrate_engine(
+    engine: AsyncEngine,
+    op: str = "upgrade",
+    target: str = "head",
+    secrets: SecretsSettings | None = None,
+) -> None:
     """Run ``alembic <op> <target>`` (op: upgrade | downgrade) in one transaction."""
     try:
         async with _migration_lock(engine), engine.begin() as conn:
             if conn.dialect.name == "postgresql":
                 await conn.execute(_LOCK_PG, {"key": PG_MIGRATION_LOCK})
-            await conn.run_sync(_run, op, target)
+            await conn.run_sync(_run, op, target, secrets)
     except Exception as exc:
         if is_unavailable(exc):
             raise unavailable(exc) from exc
         raise
 
 
-async def upgrade_to_head(url: str) -> None:
+async def upgrade_to_head(url: str, secrets: SecretsSettings | None = None) -> None:
     """Bring the database at ``url`` to the newest schema (used by ``kvgate migrate`` and by the
     embedded SQLite default, which migrates itself on first start)."""
     engine = make_engine(url)
     try:
-        await migrate_engine(engine, "upgrade", "head")
+        await migrate_engine(engine, "upgrade", "head", secrets)
     finally:
         await engine.dispose()
 

@@ -9,6 +9,8 @@ Invariants:
   changes serialize and versions stay 1, 2, 3, ... without gaps or duplicates.
 - ``api_keys`` holds the public prefix and the SHA-256 of the full key, never the key itself.
 - ``tenants.cache_salt`` is a secret engine namespace; no API response or log contains it.
+- ``tenants.tool_secret`` and ``mcp_servers.bearer`` hold sealed values only ("kvs1:..."), and
+  every key that sealed one has its row in ``secret_keys`` (tenants/secret_store.py).
 """
 
 from __future__ import annotations
@@ -100,8 +102,9 @@ class Tenant(Base):
     visitor_rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     visitor_tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     visitor_max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # HMAC-SHA256 key of the tenant's webhook tool calls (migrations/versions/0006_*).
-    tool_secret: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # HMAC-SHA256 key of the tenant's webhook tool calls (migrations/versions/0006_*), sealed
+    # under the secrets key (tenants/sealing.py; 0009_*).
+    tool_secret: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class ApiKey(Base):
@@ -154,7 +157,7 @@ class McpServer(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     url: Mapped[str] = mapped_column(Text)
-    bearer: Mapped[str | None] = mapped_column(Text, nullable=True)  # never returned or logged
+    bearer: Mapped[str | None] = mapped_column(Text, nullable=True)  # sealed; never returned
     tools: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
@@ -195,8 +198,20 @@ class AdminPrincipal(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
+class SecretKey(Base):
+    """A key that may have sealed a stored secret (migrations/versions/0009_*): its fingerprint
+    and a probe sealed under it, which only that key opens (tenants/secret_store.py)."""
+
+    __tablename__ = "secret_keys"
+
+    fingerprint: Mapped[str] = mapped_column(String(16), primary_key=True)
+    probe: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
 # Children first (clearing tables in this order never breaks a foreign key).
 ALL_TABLES = (
+    "secret_keys",
     "audit_log",
     "admin_principals",
     "mcp_servers",

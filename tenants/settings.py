@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from tenants.db import redact_url
 from tenants.errors import ConfigError
+from tenants.secret_keys import SecretsSettings
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./var/kvgate.db"
 DEFAULT_EVENT_CHANNEL = "kvgate:tenants"
@@ -66,6 +67,8 @@ class TenantStoreSettings:
     redis_url: str | None = field(default=None, repr=False)
     event_channel: str = DEFAULT_EVENT_CHANNEL
     last_used_flush_s: float = 30.0
+    # The key of secrets at rest (tenants/secret_keys.py); the default: none (not usable).
+    secrets: SecretsSettings = field(default_factory=SecretsSettings)
 
     def __post_init__(self) -> None:
         if not self.database_url.startswith(_URL_SCHEMES):
@@ -89,7 +92,8 @@ class TenantStoreSettings:
         KVGATE_DATABASE_URL, KVGATE_ADMIN_TOKEN (plain; hashed here and never kept) or
         KVGATE_ADMIN_TOKEN_SHA256, KVGATE_REDIS_URL, KVGATE_TENANT_EVENT_CHANNEL,
         KVGATE_DEFAULT_RPM / _TPM / _MAX_CONCURRENCY / _MAX_OUTPUT_TOKENS,
-        KVGATE_KEY_LAST_USED_FLUSH_S.
+        KVGATE_KEY_LAST_USED_FLUSH_S, KVGATE_SECRETS_KEY (unset with SQLite:
+        <KVGATE_VAR_DIR>/secrets.key).
         """
         token = env.get("KVGATE_ADMIN_TOKEN")
         sha = env.get("KVGATE_ADMIN_TOKEN_SHA256")
@@ -108,13 +112,15 @@ class TenantStoreSettings:
             }
         )
         flush_s = _float(env, "KVGATE_KEY_LAST_USED_FLUSH_S", 30.0)
+        url = env.get("KVGATE_DATABASE_URL", DEFAULT_DATABASE_URL)
         return cls(
-            database_url=env.get("KVGATE_DATABASE_URL", DEFAULT_DATABASE_URL),
+            database_url=url,
             default_limits=defaults,
             admin_token_sha256=sha,
             redis_url=env.get("KVGATE_REDIS_URL") or None,
             event_channel=env.get("KVGATE_TENANT_EVENT_CHANNEL", DEFAULT_EVENT_CHANNEL),
             last_used_flush_s=flush_s,
+            secrets=SecretsSettings.from_env(env, url),
         )
 
 

@@ -43,6 +43,8 @@ from tenants.schemas import (
     TenantPage,
     TenantPatch,
 )
+from tenants.secret_keys import SecretsSettings
+from tenants.secret_store import SecretKeeper
 from tenants.settings import DEFAULT_LIMITS, Limits
 
 T = TypeVar("T")
@@ -82,6 +84,7 @@ class TenantStore:
         engine: AsyncEngine | None = None,
         deadline_s: float | None = None,
         health: DbHealth | None = None,
+        secrets: SecretsSettings | None = None,
     ) -> None:
         self.sessions = sessions
         self.bus = bus or EventBus()
@@ -90,14 +93,26 @@ class TenantStore:
         # The request path's bound on a whole unit of work (None: the CLI, no bound).
         self.deadline_s = deadline_s
         self.health = health or DbHealth(retry_s=0.0)  # the gateway passes a fail-fast one
+        # The key that seals MCP bearers and tool secrets (tenants/secret_store.py); None: a
+        # store that never touches them (using one raises SecretsKeyError).
+        self.secrets = SecretKeeper(secrets, self.write)
 
     @classmethod
     def open(
-        cls, url: str, *, bus: EventBus | None = None, default_limits: Limits = DEFAULT_LIMITS
+        cls,
+        url: str,
+        *,
+        bus: EventBus | None = None,
+        default_limits: Limits = DEFAULT_LIMITS,
+        secrets: SecretsSettings | None = None,
     ) -> TenantStore:
         engine = make_engine(url)
         return cls(
-            make_session_factory(engine), bus=bus, default_limits=default_limits, engine=engine
+            make_session_factory(engine),
+            bus=bus,
+            default_limits=default_limits,
+            engine=engine,
+            secrets=secrets,
         )
 
     @property

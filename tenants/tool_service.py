@@ -2,7 +2,9 @@
 each takes an ``AsyncSession`` inside the caller's transaction, as tenants/service.py's do).
 
 Audit rows describe tools by name and hash (``tools_digest``), never schemas, URLs' secrets,
-bearer tokens or the signing secret.
+bearer tokens or the signing secret. The signing secret is stored sealed (tenants/sealing.py):
+sealed here when made, opened here when read; its clear value leaves this module only as the
+answer that shows it once and as the key the webhook runner signs with.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+import structlog
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -17,6 +20,8 @@ from tenants.errors import InvalidField
 from tenants.events import TenantChanged
 from tenants.models import McpServer, SystemPrompt, Tenant
 from tenants.schemas import PromptSet, PromptVersion, parse
+from tenants.sealing import SecretBox, SecretUnreadable
+from tenants.secret_store import seal
 from tenants.service import (
     claim_tenant_row,
     lock_tenant,
@@ -36,6 +41,8 @@ from tenants.tools import (
     stored_tools,
     tools_digest,
 )
+
+log = structlog.get_logger(__name__)
 
 
 def parse_prompt_body(raw: Any) -> PromptSet:
@@ -61,8 +68,17 @@ def tool_options(data: PromptSet) -> dict[str, Any] | None:
     return options or None
 
 
+def has_webhooks(data: PromptSet) -> bool:
+    return any(isinstance(t.source, WebhookSource) for t in data.tools or [])
+
+
 async def set_prompt_version(
-    session: AsyncSession, tenant_id: str, data: PromptSet, *, actor: str
+    session: AsyncSession,
+    tenant_id: str,
+    data: PromptSet,
+    *,
+    actor: str,
+    box: SecretBox | None,
 ) -> PromptVersion:
     """Add a version (text, tools, options) and make it active; see ``set_system_prompt`` of
     tenants/service.py for the ordering of concurrent calls. A version with webhook tools gives
@@ -82,8 +98,9 @@ async def set_prompt_version(
     details = {"version": version, **prompt_digest(data.text), **tools_digest(row.tools)}
     await write_audit(session, actor, "prompt.set", tenant_id, details)
     secret = None
-    if any(isinstance(t.source, WebhookSource) for t in tools):
-        secret = await _ensure_tool_secret(session, tenant_id, actor)
+    if has_webhooks(data):
+        assert box is not None, "a version with webhook tools needs the secrets key"
+        secret = await _ensure_tool_secret(session, tenant_id, actor, box)
     return PromptVersion(version=version, webhook_secret=secret)
 
 
@@ -103,30 +120,44 @@ async def _check_mcp_sources(session: AsyncSession, tenant_id: str, tools: list[
             raise InvalidTools(msg, param=where)
 
 
-async def _ensure_tool_secret(session: AsyncSession, tenant_id: str, actor: str) -> str | None:
+async def _ensure_tool_secret(
+    session: AsyncSession, tenant_id: str, actor: str, box: SecretBox
+) -> str | None:
+    clear = new_tool_secret()
     made = await session.scalar(
         update(Tenant)
         .where(Tenant.id == tenant_id, Tenant.tool_secret.is_(None))
-        .values(tool_secret=new_tool_secret())
-        .returning(Tenant.tool_secret)
+        .values(tool_secret=await seal(session, box, clear))
+        .returning(Tenant.id)
         .execution_options(synchronize_session=False)
     )
-    if made is not None:
-        await write_audit(session, actor, "tool_secret.create", tenant_id, {})
-    return made
+    if made is None:
+        return None
+    await write_audit(session, actor, "tool_secret.create", tenant_id, {})
+    return clear
 
 
-async def rotate_tool_secret(session: AsyncSession, tenant_id: str, *, actor: str) -> str:
+async def rotate_tool_secret(
+    session: AsyncSession, tenant_id: str, *, actor: str, box: SecretBox
+) -> str:
     """A new signing secret (the old one stops at once); returned only here."""
     tenant = await lock_tenant(session, tenant_id, allow_deleted=False)
-    tenant.tool_secret = new_tool_secret()
+    clear = new_tool_secret()
+    tenant.tool_secret = await seal(session, box, clear)
     await session.flush()
     await write_audit(session, actor, "tool_secret.rotate", tenant_id, {})
-    return tenant.tool_secret
+    return clear
 
 
-async def read_tool_secret(session: AsyncSession, tenant_id: str) -> str | None:
-    return await session.scalar(select(Tenant.tool_secret).where(Tenant.id == tenant_id))
+async def read_tool_secret(session: AsyncSession, tenant_id: str, box: SecretBox) -> str | None:
+    stored = await session.scalar(select(Tenant.tool_secret).where(Tenant.id == tenant_id))
+    if stored is None:
+        return None
+    try:
+        return box.unseal(stored)
+    except SecretUnreadable:
+        log.error("secret_unreadable", tenant=tenant_id, secret="tool_secret")
+        raise
 
 
 class ToolStore:
@@ -136,12 +167,20 @@ class ToolStore:
         self._store = store
 
     async def set_prompt(self, tenant_id: str, data: PromptSet, *, actor: str) -> PromptVersion:
-        out = await self._store.write(lambda s: set_prompt_version(s, tenant_id, data, actor=actor))
+        box = await self._store.secrets.box() if has_webhooks(data) else None
+        out = await self._store.write(
+            lambda s: set_prompt_version(s, tenant_id, data, actor=actor, box=box)
+        )
         await self._store.bus.publish(TenantChanged(tenant_id, "prompt", out.version))
         return out
 
     async def rotate_secret(self, tenant_id: str, *, actor: str) -> str:
-        return await self._store.write(lambda s: rotate_tool_secret(s, tenant_id, actor=actor))
+        box = await self._store.secrets.box()
+        return await self._store.write(
+            lambda s: rotate_tool_secret(s, tenant_id, actor=actor, box=box)
+        )
 
     async def secret(self, tenant_id: str) -> str | None:
-        return await self._store.read(lambda s: read_tool_secret(s, tenant_id))
+        """The clear signing secret (``SecretUnreadable``: no key of the ring opens it)."""
+        box = await self._store.secrets.box()
+        return await self._store.read(lambda s: read_tool_secret(s, tenant_id, box))

@@ -12,12 +12,12 @@ Times are ISO 8601; a time without an offset is UTC; answers are UTC (``Z``). ``
 ``end`` must be whole hours (the rollups' grain); ``end`` defaults to the next whole hour,
 ``start`` to 24 hours before ``end``. CSV columns: reports ``group, requests, prompt_tokens,
 cached_tokens, completion_tokens, total_tokens, spend_usd``; records those of
-``reports.RECORD_COLUMNS``. CSV holds every row of the range (no pagination).
+``reports.RECORD_COLUMNS``. CSV holds every row of the range (no pagination); text cells are
+quoted and a formula-like start is neutralized (gateway/usage/csv_out.py).
 """
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 from collections.abc import Awaitable, Callable
@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gateway.errors import ApiError
 from gateway.usage import reports
 from gateway.usage.api_models import PriceIn
+from gateway.usage.csv_out import write_csv
 from gateway.usage.ledger import LEDGER, Ledger
 from gateway.usage.prices import NANOS, parse_price
 from tenants.db import is_unavailable, unavailable
@@ -140,9 +141,7 @@ def _csv_response(
     columns: tuple[str, ...] | list[str], rows: list[dict[str, Any]], name: str
 ) -> web.Response:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
+    write_csv(buf, columns, rows)  # text cells neutralized for spreadsheets (csv_out.py)
     headers = {"Content-Disposition": f'attachment; filename="{name}.csv"'}
     return web.Response(text=buf.getvalue(), content_type="text/csv", headers=headers)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
 import os
 import sys
@@ -21,6 +20,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from gateway.usage import reports
+from gateway.usage.csv_out import write_csv
 from gateway.usage.writer import LedgerWriter
 from tenants.db import make_engine
 from tenants.settings import DEFAULT_DATABASE_URL
@@ -59,9 +59,7 @@ def _parser() -> argparse.ArgumentParser:
 def _write(rows: list[dict[str, object]], as_csv: bool) -> None:
     if as_csv:
         if rows:
-            w = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]), lineterminator="\n")
-            w.writeheader()
-            w.writerows(rows)
+            write_csv(sys.stdout, list(rows[0]), rows)  # text cells neutralized (csv_out.py)
         return
     for row in rows:
         print(json.dumps(row, default=str))

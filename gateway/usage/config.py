@@ -15,6 +15,8 @@ from gateway.usage.prices import Price
 class UsageSettings:
     enabled: bool = True
     spool_dir: Path = Path("var/usage-spool")
+    # Spools of gone processes under it are adopted at start (gateway/usage/spool.py); None: none.
+    spool_root: Path | None = None
     flush_s: float = 0.1  # a batch at least this often (and at batch_size records)
     batch_size: int = 500
     segment_bytes: int = 4 << 20

@@ -24,7 +24,7 @@ from gateway.usage.config import UsageSettings
 from gateway.usage.prices import PriceBook
 from gateway.usage.record import UsageRecord
 from gateway.usage.recorder import Recorder
-from gateway.usage.spool import Spool
+from gateway.usage.spool import Spool, database_tag
 from gateway.usage.writer import LedgerWriter
 from tenants.db import make_engine
 
@@ -50,7 +50,12 @@ class Ledger:
             database_url, timeout_s=settings.db_deadline_s, **pool
         )
         self.writer = LedgerWriter(self.engine, settings.retention_days)
-        self.spool = Spool(settings.spool_dir, settings.segment_bytes)
+        self.spool = Spool(
+            settings.spool_dir,
+            settings.segment_bytes,
+            settings.spool_root,
+            database_tag(database_url),
+        )
         self.prices = PriceBook(settings.prices)
         self.recorder = Recorder(
             self.spool,
@@ -102,9 +107,10 @@ class Ledger:
         task.add_done_callback(self._settling.discard)
 
     async def start(self) -> None:
-        """Open the spool (replay of what an earlier process left starts with the first tick)
-        and the background tasks. A database that is down does not stop the start."""
-        self.spool.open()
+        """Open the spool (on a thread: file work, a lock wait), adopting the spools of gateways
+        that are gone (replay of all they left starts with the first tick), and the background
+        tasks. A database that is down does not stop the start."""
+        await asyncio.to_thread(self.spool.open)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._reload(), self.settings.db_deadline_s)
         self.recorder.start()

@@ -185,6 +185,8 @@ def test_secret_placeholders_are_too_short_to_start_with() -> None:
         Settings.from_env({"KVGATE_WORKER_TOKEN": data["KVGATE_WORKER_TOKEN"]})
     with pytest.raises(SettingsError, match="KVGATE_ADMIN_TOKEN"):
         Settings.from_env({"KVGATE_ADMIN_TOKEN": data["KVGATE_ADMIN_TOKEN"]})
+    with pytest.raises(SettingsError, match="KVGATE_SECRETS_KEY"):
+        Settings.from_env({"KVGATE_SECRETS_KEY": data["KVGATE_SECRETS_KEY"]})
 
 
 def test_compose_publishes_only_the_api_and_needs_a_generated_worker_token() -> None:

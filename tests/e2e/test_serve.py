@@ -12,6 +12,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from tests.e2e.servers import ServeProcess
+from tests.tenants.fixtures import SECRETS_KEY
 
 ADMIN = "e2e-admin-token-0123456789"
 
@@ -67,6 +68,7 @@ async def test_two_replicas_sharing_redis_admit_exactly_the_limit(
     prefix = f"kvgate-e2e-{uuid.uuid4().hex[:8]}:"
     env = {
         "KVGATE_DATABASE_URL": postgres_url,
+        "KVGATE_SECRETS_KEY": SECRETS_KEY,  # PostgreSQL: the key is required
         "KVGATE_REDIS_URL": "redis://127.0.0.1:6379/0",
         "KVGATE_REDIS_PREFIX": prefix,
         "KVGATE_TENANT_EVENT_CHANNEL": f"{prefix}events",

@@ -30,6 +30,7 @@ from gateway.http import GatewayRunner, make_runner
 from gateway.settings import Settings
 from gateway.telemetry import MetricsListener, metrics_listener
 from tests.conformance.contract import ContractTransport, contract_client
+from tests.tenants.fixtures import SECRETS_KEY
 
 PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 ADMIN_TOKEN = "test-admin-token-0123456789"
@@ -82,6 +83,7 @@ def make_settings(database_url: str, tmp_path: Path, **env: str) -> Settings:
     base = {
         "KVGATE_DATABASE_URL": database_url,
         "KVGATE_ADMIN_TOKEN": ADMIN_TOKEN,
+        "KVGATE_SECRETS_KEY": SECRETS_KEY,
         "KVGATE_VAR_DIR": str(tmp_path / "var"),
         "KVGATE_DEVICE": "cpu",
         "KVGATE_KV_CACHE_BYTES": str(KV_CACHE_BYTES),

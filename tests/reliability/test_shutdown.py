@@ -18,6 +18,7 @@ import aiohttp
 
 from tests.e2e.servers import ServeProcess
 from tests.gateway.harness import ADMIN_TOKEN
+from tests.tenants.fixtures import SECRETS_KEY
 
 SHUTDOWN_TIMEOUT_S = 5.0
 LONG_STREAMS = 4
@@ -79,6 +80,7 @@ async def test_sigterm_with_long_streams_exits_in_time_and_ends_every_stream(
         tmp_path,
         {
             "KVGATE_DATABASE_URL": gateway_database,
+            "KVGATE_SECRETS_KEY": SECRETS_KEY,  # PostgreSQL: the key is required
             "KVGATE_ADMIN_TOKEN": ADMIN_TOKEN,
             "KVGATE_SHUTDOWN_TIMEOUT_S": str(SHUTDOWN_TIMEOUT_S),
             "KVGATE_MODEL_NAME": "demo-model",

@@ -19,9 +19,13 @@ from sqlalchemy import text
 
 from tenants.migrate import upgrade_to_head
 from tenants.models import ALL_TABLES
+from tenants.secret_keys import SecretsSettings
 from tenants.store import TenantStore
 from tests.conftest import service_unavailable
 
+# The secrets key of test stores and gateways (KVGATE_SECRETS_KEY; tenants/sealing.py).
+SECRETS_KEY = "test-secrets-key-0123456789abcdef0123456789"
+TEST_SECRETS = SecretsSettings(keys=(SECRETS_KEY,))
 PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 PG_URL_TEMPLATE = "postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
 BACKENDS = ("sqlite", "postgresql")
@@ -81,7 +85,7 @@ async def clear_tables(store: TenantStore) -> None:
 
 @pytest.fixture
 async def store(db_url: str) -> AsyncIterator[TenantStore]:
-    s = TenantStore.open(db_url)
+    s = TenantStore.open(db_url, secrets=TEST_SECRETS)
     await clear_tables(s)
     yield s
     await s.aclose()

@@ -18,6 +18,7 @@ from tenants.db import make_engine
 from tests.e2e.servers import ServeProcess
 from tests.gateway.harness import ADMIN_TOKEN, live_gateway, make_settings
 from tests.reliability._proxy import fault_proxy
+from tests.tenants.fixtures import SECRETS_KEY
 from tests.usage.helpers import Seen, ledger_totals, wait_records
 
 WORKERS = 4
@@ -123,6 +124,7 @@ async def test_sigkill_mid_load_then_restart_loses_nothing_delivered(
 ) -> None:
     env = {
         "KVGATE_DATABASE_URL": gateway_database,
+        "KVGATE_SECRETS_KEY": SECRETS_KEY,  # PostgreSQL: the key is required
         "KVGATE_ADMIN_TOKEN": ADMIN_TOKEN,
         "KVGATE_MODEL_NAME": "demo",
         "KVGATE_USAGE_SPOOL_DIR": str(tmp_path / "spool"),

@@ -14,6 +14,8 @@ def test_set_prompt_with_a_tools_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("KVGATE_DATABASE_URL", f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}")
+    monkeypatch.setenv("KVGATE_VAR_DIR", str(tmp_path / "var"))  # its secrets.key: SQLite's
+    monkeypatch.delenv("KVGATE_SECRETS_KEY", raising=False)
     monkeypatch.delenv("KVGATE_REDIS_URL", raising=False)
     assert main(["migrate"]) == 0
     assert main(["tenants", "create", "acme", "--name", "Acme"]) == 0
