@@ -24,11 +24,33 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypedDict, Unpack
 
 from engine.core.fairness import Priority
 from engine.core.kv import CacheScope, CacheStats, PinHandle, PriorityRange
+from engine.core.request import request_id_or_new
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.runtime.model.tokenizer import Tokenizer
+    from engine.text.tokenizer import Tokenizer
+
+# The engine's types that travel through this interface, named here so that a caller (the
+# gateway) needs no import below the boundary.
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "NO_PIN",
+    "CacheScope",
+    "CacheStats",
+    "EngineClient",
+    "EngineInfo",
+    "GenerateFields",
+    "GenerateOptions",
+    "LocalPin",
+    "PinHandle",
+    "PinStatus",
+    "PinTicket",
+    "PinTier",
+    "Priority",
+    "PriorityRange",
+    "request_id_or_new",
+]
 
 PinTier = Literal["device", "host", "mixed"]
 

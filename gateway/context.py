@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
 from engine.api import EngineClient
-from engine.runtime.model.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 from gateway.auth import KeyCache
 from gateway.drain import Drain
 from gateway.pins import PinManager

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine.runtime.model.chat_encoding import ControlMarks
+from engine.text.chat_encoding import ControlMarks
 
 
 class ChatTokenizer(Protocol):

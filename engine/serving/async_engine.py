@@ -57,7 +57,7 @@ from engine.params import SamplingParams
 from engine.serving.engine import EngineCore, PinJob
 
 if TYPE_CHECKING:
-    from engine.runtime.model.tokenizer import Tokenizer
+    from engine.text.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,8 @@ from engine.params import SamplingParams
 from engine.serving.runner_api import Runner
 
 if TYPE_CHECKING:
-    from engine.runtime.model.tokenizer import Tokenizer
     from engine.runtime.snapshot_restore import Snapshots  # imports torch: loaded with the runner
+    from engine.text.tokenizer import Tokenizer
 
 _PIN_PREFIX = "__pin-"  # internal request ids; user ids never start with it (gateway ids do not)
 _PIN_PARAMS = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
@@ -150,7 +150,7 @@ class EngineCore:
     def check_grammar(self, grammar: Grammar) -> None:
         """GrammarRejected unless ``grammar`` compiles for this model's tokenizer (compiled once
         per digest, cached; any thread)."""
-        from engine.runtime.grammar import check_grammar
+        from engine.constraints.compiler import check_grammar
 
         check_grammar(grammar, self.runner.tokenizer)
 

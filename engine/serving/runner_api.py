@@ -15,7 +15,7 @@ from engine.core.batch import Sampled, ScheduledBatch
 from engine.core.kv.transfers import TransferPlan
 
 if TYPE_CHECKING:
-    from engine.runtime.model.tokenizer import Tokenizer  # the runtime: loaded with the runner
+    from engine.text.tokenizer import Tokenizer  # the runtime: loaded with the runner
 
 
 class Runner(Protocol):

@@ -29,7 +29,7 @@ import hmac
 
 from aiohttp import web
 
-from engine.core.kv import CacheScope
+from engine.api import CacheScope
 from gateway.auth import Principal
 from gateway.visitor import request_visitor
 

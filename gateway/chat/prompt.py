@@ -28,9 +28,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from engine.runtime.model.chat_encoding import ForgedMark, TokenLimitExceeded
-from engine.runtime.model.chat_template import TemplateError
-from engine.runtime.model.text_bound import TextBound
+from engine.text.chat_encoding import ForgedMark, TokenLimitExceeded
+from engine.text.chat_template import TemplateError
+from engine.text.text_bound import TextBound
 from gateway.chat.bounds import message_cap, too_many_messages
 from gateway.chat.messages import ChatMessage
 from gateway.chat.tools.render import Rendering, plain_messages

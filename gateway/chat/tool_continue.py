@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.runtime.model.chat_encoding import ForgedMark
-from engine.runtime.model.tokenizer import Tokenizer
+from engine.text.chat_encoding import ForgedMark
+from engine.text.tokenizer import Tokenizer
 from gateway.chat.messages import ChatMessage
 from gateway.chat.prompt import assemble
 from gateway.chat.tools.models import ToolDef

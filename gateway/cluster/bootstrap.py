@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from engine.serving.worker.messages import TokenizerPayload, WireError, WorkerInfo, from_json
+from engine.remote.messages import TokenizerPayload, WireError, WorkerInfo, from_json
 from gateway.cluster.discovery import parse_workers
 from gateway.cluster.engine import ClusterEngine
 from gateway.cluster.loadstats import LoadStats

@@ -12,7 +12,7 @@ from engine.api import GenerateOptions
 from engine.core.kv import CacheScope
 from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from engine.params import SamplingParams
-from engine.runtime.model.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 from gateway.chat.generation import ChoiceGroup
 from tests.fake_engine import FakeEngine
 

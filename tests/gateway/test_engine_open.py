@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from engine.runtime.model.config import ModelLoadError
+from engine.text.errors import ModelLoadError
 from gateway import engine_source
 from gateway.app import create_app
 from gateway.cluster.bootstrap import ClusterUnavailable

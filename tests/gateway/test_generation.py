@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from engine.api import DEFAULT_OPTIONS, GenerateOptions
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.params import SamplingParams
-from engine.runtime.model.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 from gateway.chat.generation import Generation
 from tests.fake_engine import FakeEngine
 

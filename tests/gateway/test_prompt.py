@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime.model.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 from gateway.chat.bounds import MAX_MESSAGES
 from gateway.chat.generation import StopMatcher
 from gateway.chat.prompt import assemble, check_bounds, check_client_system

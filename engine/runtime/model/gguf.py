@@ -26,33 +26,18 @@ import torch
 from gguf import GGMLQuantizationType
 
 from engine.runtime.model.blocks import BLOCK_BYTES, BlockWeight, cat_rows
-from engine.runtime.model.config import (
-    ModelConfig,
-    ModelLoadError,
-    RopeConfig,
-    check_config,
-    resolve_dtype,
-)
-from engine.runtime.model.gguf_reader import ByteOrder, TensorInfo, read_layout
-from engine.runtime.model.gguf_tokenizer import gguf_tokenizer
+from engine.runtime.model.config import ModelConfig, RopeConfig, check_config, resolve_dtype
 from engine.runtime.model.weights import LayerWeights, LoadedModel, ModelWeights
+from engine.text.errors import ModelLoadError
+from engine.text.gguf_reader import ByteOrder, TensorInfo, is_gguf, read_layout
+from engine.text.gguf_tokenizer import gguf_tokenizer
 
-GGUF_MAGIC = b"GGUF"
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
 }
 PERMUTED_ARCHITECTURES = ("llama", "mistral")  # q/k rows interleaved for llama.cpp's RoPE
-
-
-def is_gguf(path: str | Path) -> bool:
-    """A file that starts with the GGUF magic (the suffix alone is not trusted)."""
-    path = Path(path)
-    if not path.is_file():
-        return False
-    with path.open("rb") as f:
-        return f.read(4) == GGUF_MAGIC
 
 
 @dataclass(frozen=True)

@@ -15,16 +15,11 @@ from typing import Any
 
 import torch
 
-from engine.runtime.model.config import (
-    ModelConfig,
-    ModelLoadError,
-    parse_config,
-    read_json,
-    resolve_dtype,
-)
+from engine.runtime.model.config import ModelConfig, parse_config, resolve_dtype
 from engine.runtime.model.gguf import load_gguf
-from engine.runtime.model.tokenizer import Tokenizer
 from engine.runtime.model.weights import LayerWeights, LoadedModel, ModelWeights
+from engine.text.errors import ModelLoadError, read_json
+from engine.text.tokenizer import Tokenizer
 
 PROGRESS_MIN_BYTES = 1 << 30  # show a progress bar only for checkpoints at least this large
 

@@ -13,7 +13,7 @@ import torch
 
 from engine.runtime.model.blocks import BlockWeight
 from engine.runtime.model.config import ModelConfig
-from engine.runtime.model.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 
 Matrix = torch.Tensor | BlockWeight
 

@@ -28,7 +28,7 @@ import threading
 
 from engine.core.kv.hashing import root_key
 from engine.core.kv.types import TIERS, Tier
-from engine.serving.worker.messages import KvEvent, Removed, Stored, Tiered
+from engine.remote.messages import KvEvent, Removed, Stored, Tiered
 
 QUEUE_LIMIT = 10_000  # batches a subscriber may fall behind before it is dropped
 

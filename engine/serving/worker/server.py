@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
+from engine.remote.messages import PROTOCOL, TokenizerPayload, WorkerInfo, to_json
 from engine.serving.worker.events import KvEventHub
 from engine.serving.worker.load import LoadTracker
-from engine.serving.worker.messages import PROTOCOL, TokenizerPayload, WorkerInfo, to_json
 from engine.serving.worker.state import WORKER, WorkerState
 from engine.serving.worker.transport import add_transport
 

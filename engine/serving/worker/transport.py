@@ -39,13 +39,11 @@ from aiohttp import WSMsgType, web
 from engine.core.kv import PinHandle
 from engine.errors import EngineError
 from engine.outputs import RequestOutput
-from engine.serving.worker import messages as m
+from engine.remote import messages as m
+from engine.remote.messages import CALLS_PATH, HEARTBEAT_S, MAX_MESSAGE_BYTES
 from engine.serving.worker.state import WORKER, WorkerState
 
 log = logging.getLogger(__name__)
-CALLS_PATH = "/v1/calls"
-HEARTBEAT_S = 5.0  # a ping each interval; no pong within half of it closes the connection
-MAX_MESSAGE_BYTES = 64 << 20  # a prompt's token ids (a pin of a long prompt) fit many times
 _SENT = (ConnectionResetError, ConnectionError, RuntimeError)  # a send on a closed connection
 
 

@@ -26,7 +26,7 @@ def needs_compile(plan: OutputPlan, tokenizer: Any) -> bool:
     seconds, on the threads); a grammar compiled before is checked by a lookup, inline."""
     if plan.grammar is None:
         return False
-    from engine.runtime.grammar import compiler_for
+    from engine.constraints.compiler import compiler_for
 
     return not compiler_for(tokenizer).is_cached(plan.grammar)
 
@@ -34,7 +34,7 @@ def needs_compile(plan: OutputPlan, tokenizer: Any) -> bool:
 def check_plan(plan: OutputPlan, tokenizer: Any) -> None:
     if plan.grammar is None:
         return
-    from engine.runtime.grammar import check_grammar
+    from engine.constraints.compiler import check_grammar
 
     try:
         check_grammar(plan.grammar, tokenizer)
@@ -45,7 +45,7 @@ def check_plan(plan: OutputPlan, tokenizer: Any) -> None:
 def _culprit(plan: OutputPlan, tokenizer: Any, whole: GrammarRejected) -> ApiError:
     """The refusal naming the field at fault: the first function whose parameters alone are
     refused, else the grammar's field."""
-    from engine.runtime.grammar import check_grammar
+    from engine.constraints.compiler import check_grammar
 
     for i, tool in plan.tools:
         schema = json.dumps(tool.function.parameters_schema, ensure_ascii=False)

@@ -10,7 +10,7 @@ import torch
 
 from engine.runtime.model.demo import main as demo_main
 from engine.runtime.model.demo import write_demo_model
-from engine.runtime.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine.text.tokenizer import IncrementalDetokenizer, Tokenizer
 from tests.engine.model.factories import hf_last_logits, logits_of, make_runner, seq
 
 CONVERSATIONS = [
@@ -92,7 +92,7 @@ def test_incremental_detokenizer_never_splits_characters(demo_dir: Path) -> None
 
 
 def test_chat_template_helpers(tmp_path: Path, demo_dir: Path) -> None:
-    from engine.runtime.model.chat_template import TemplateError, render_chat
+    from engine.text.chat_template import TemplateError, render_chat
 
     source = (
         "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}"

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.runtime.model.config import ModelLoadError, RopeConfig
+from engine.runtime.model.config import RopeConfig
 from engine.runtime.model.gguf import GGUFFile, load_gguf, parse_gguf_config
-from engine.runtime.model.gguf_tokenizer import gguf_tokenizer
+from engine.text.errors import ModelLoadError
+from engine.text.gguf_tokenizer import gguf_tokenizer
 from tests.engine.model.factories import make_hf_model
 from tests.engine.model.gguf_factory import write_gguf
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engine.runtime.model.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 from gateway.chat.messages import ChatMessage
 from gateway.chat.prompt import assemble, shared_prefix
 from gateway.chat.tools.formats import HERMES, LLAMA3, SMOLLM2, detect_format, renders_tools

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from engine.runtime.model.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 from gateway.chat.tools.models import NamedToolChoice, ResponseFormat, ToolDef
 from gateway.chat.tools.plan import OutputPlan, plan_output
 from gateway.chat.tools.validate import check_plan, needs_compile

@@ -28,7 +28,7 @@ import re
 import secrets
 from typing import Any
 
-from engine.runtime.model.config import ModelLoadError
+from engine.text.errors import ModelLoadError
 
 MARK_OPEN, MARK_CLOSE = "\U000f0000", "\U000f0001"
 

@@ -33,7 +33,7 @@ from engine.constraints import Grammar
 from engine.errors import GrammarRejected
 
 if TYPE_CHECKING:
-    from engine.runtime.model.tokenizer import Tokenizer
+    from engine.text.tokenizer import Tokenizer
 
 DEFAULT_CAPACITY = 256  # compiled grammars kept per tokenizer
 _JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}

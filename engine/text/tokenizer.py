@@ -15,10 +15,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.runtime.model.chat_encoding import ControlMarks, PlainView
-from engine.runtime.model.chat_template import TemplateError, render_chat
-from engine.runtime.model.config import ModelLoadError, read_json
-from engine.runtime.model.text_bound import TextBound, text_bound
+from engine.text.chat_encoding import ControlMarks, PlainView
+from engine.text.chat_template import TemplateError, render_chat
+from engine.text.errors import ModelLoadError, read_json
+from engine.text.text_bound import TextBound, text_bound
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as Backend

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from engine.runtime.model.config import ModelLoadError
+from engine.text.errors import ModelLoadError
 
 ByteOrder = Literal["<", ">"]
 SUPPORTED_VERSIONS = (2, 3)
@@ -318,3 +318,15 @@ def read_layout(path: Path) -> GGUFLayout:
             return read_buffer(buf, str(path))
     except (OSError, ValueError) as exc:  # ValueError: an empty file cannot be mapped
         raise ModelLoadError(f"{path}: cannot read GGUF file: {exc}") from exc
+
+
+GGUF_MAGIC = b"GGUF"
+
+
+def is_gguf(path: str | Path) -> bool:
+    """A file that starts with the GGUF magic (the suffix alone is not trusted)."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    with path.open("rb") as f:
+        return f.read(4) == GGUF_MAGIC

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.runtime.model.config import ModelLoadError
+from engine.text.errors import ModelLoadError
 
 SPECIAL_ID_KEYS = ("bos_token_id", "unknown_token_id", "padding_token_id")
 EOS_ID_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id")

@@ -27,8 +27,8 @@ import aiohttp
 from aiohttp import WSMsgType
 
 from engine.errors import EngineDead
-from engine.serving.worker import messages as m
-from engine.serving.worker.transport import CALLS_PATH, HEARTBEAT_S, MAX_MESSAGE_BYTES
+from engine.remote import messages as m
+from engine.remote.messages import CALLS_PATH, HEARTBEAT_S, MAX_MESSAGE_BYTES
 
 
 class WorkerUnavailable(EngineDead):

@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from engine.runtime.model.config import ModelLoadError
-from engine.runtime.model.gguf_checks import check_merges, check_metadata
-from engine.runtime.model.text_bound import byte_alphabet
-from engine.runtime.model.tokenizer import Tokenizer
+from engine.text.errors import ModelLoadError
+from engine.text.gguf_checks import check_merges, check_metadata
+from engine.text.text_bound import byte_alphabet
+from engine.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as Backend

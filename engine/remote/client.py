@@ -25,9 +25,9 @@ from engine.core.kv import PinHandle
 from engine.errors import EngineDead
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.params import SamplingParams
-from engine.serving.worker import messages as m
-from engine.serving.worker.messages import KvEvent, TokenizerPayload, WorkerInfo, WorkerLoad
-from gateway.cluster.channel import LOST, WorkerChannel, WorkerUnavailable
+from engine.remote import messages as m
+from engine.remote.channel import LOST, WorkerChannel, WorkerUnavailable
+from engine.remote.messages import KvEvent, TokenizerPayload, WorkerInfo, WorkerLoad
 
 __all__ = ["WorkerClient", "WorkerInfo", "WorkerLoad", "WorkerLost", "WorkerUnavailable"]
 PIN_TIMEOUT_S = 300.0  # a pin may wait for a prefill queued behind requests

@@ -1,6 +1,6 @@
 """The worker protocol: every message type, declared once, and its one codec (msgspec).
 
-Between a gateway and a worker (engine/serving/worker/transport.py, gateway/cluster/channel.py)
+Between a gateway and a worker (engine/serving/worker/transport.py, engine/remote/channel.py)
 every message is one msgpack-encoded ``Struct``, tagged by ``op``; the engine's own types
 (``SamplingParams``, ``GenerateOptions``, ``PinHandle``, ``CacheStats``, ``RequestMetrics``,
 ``TokenLogprob``) travel as they are declared, so a field added to one of them travels without a
@@ -30,14 +30,18 @@ import msgspec
 from engine import errors as engine_errors
 from engine.api import GenerateOptions
 from engine.core.kv import CacheStats, PinHandle
-from engine.core.kv.types import Tier
+from engine.core.kv.types import Tier as Tier  # named by the KV events (Tiered)
 from engine.outputs import FinishReason, RequestMetrics, TokenLogprob
 from engine.params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.runtime.model.tokenizer import Tokenizer
+    from engine.text.tokenizer import Tokenizer
 
 _T = TypeVar("_T")
+
+CALLS_PATH = "/v1/calls"  # the worker's WebSocket of calls
+HEARTBEAT_S = 5.0  # a ping each interval; no pong within half of it closes the connection
+MAX_MESSAGE_BYTES = 64 << 20  # a prompt's token ids (a pin of a long prompt) fit many times
 
 
 class WireError(Exception):
@@ -78,7 +82,7 @@ class TokenizerPayload(msgspec.Struct, frozen=True):
     def build(self) -> Tokenizer:
         from tokenizers import Tokenizer as Backend
 
-        from engine.runtime.model.tokenizer import Tokenizer
+        from engine.text.tokenizer import Tokenizer
 
         config: dict[str, Any] = {"add_bos_token": self.add_bos}
         if self.chat_template is not None:
