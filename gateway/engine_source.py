@@ -56,7 +56,9 @@ class InProcessEngine:
 
     async def open(self) -> Opened:
         # Loading reads the checkpoint and may warm up kernels: seconds to minutes off the loop.
-        return Opened(await asyncio.to_thread(load_engine, self.model, self.model_dir))
+        from gateway.cluster.local import load_in_process  # the engine extra: torch
+
+        return Opened(await asyncio.to_thread(load_in_process, self.model, self.model_dir))
 
 
 @dataclass(frozen=True)
@@ -68,14 +70,6 @@ class InWorkers:
     async def open(self) -> Opened:
         cluster = await self.source.open_cluster()
         return Opened(cluster, cluster)
-
-
-def load_engine(model: ModelSettings, model_dir: str) -> EngineClient:
-    from engine.serving.async_engine import (
-        AsyncEngine,  # imports torch: only when a model is loaded
-    )
-
-    return AsyncEngine.from_pretrained(model_dir, **model.engine_overrides())
 
 
 def choose_source(

@@ -79,7 +79,7 @@ def ensure_demo_model(var_dir: Path) -> Path:
     import shutil
     import tempfile
 
-    from engine.runtime.model.demo import write_demo_model
+    from gateway.cluster.local import write_demo_model
 
     path = var_dir / "demo-model"
     if path.is_dir():
@@ -141,7 +141,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     from gateway.app import create_app
     from gateway.cluster.bootstrap import ClusterUnavailable
-    from gateway.cluster.local import LocalWorkerError
+    from gateway.cluster.local import LocalWorkerError, engine_missing
     from gateway.drain import grace_s
     from gateway.http import run_app
     from gateway.ratelimit import LimiterUnavailable
@@ -153,7 +153,14 @@ def main(argv: Sequence[str]) -> int:
     except SecretsKeyError as exc:
         print(f"kvgate serve: {exc}", file=sys.stderr)
         return 1
-    model_dir = settings.model.path or str(ensure_demo_model(settings.server.var_dir))
+    if not settings.cluster.workers:  # a local worker must start: the engine extra is needed
+        missing = engine_missing()
+        if missing is not None:
+            print(f"kvgate serve: KVGATE_WORKERS is unset and {missing}", file=sys.stderr)
+            return 2
+    model_dir = settings.model.path
+    if model_dir is None and not settings.cluster.workers:  # workers bring their own model
+        model_dir = str(ensure_demo_model(settings.server.var_dir))
     if new_token is not None:
         print(f"kvgate serve: admin token (shown once, keep it): {new_token}", flush=True)
     app = create_app(settings, model_dir=model_dir, local_worker=True)

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
+READY_PREFIX = "kvgate worker: listening on "  # the stdout line of a worker that serves (+ URL)
 CALLS_PATH = "/v1/calls"  # the worker's WebSocket of calls
 HEARTBEAT_S = 5.0  # a ping each interval; no pong within half of it closes the connection
 MAX_MESSAGE_BYTES = 64 << 20  # a prompt's token ids (a pin of a long prompt) fit many times

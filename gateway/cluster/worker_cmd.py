@@ -8,12 +8,12 @@ is authenticated with ``KVGATE_WORKER_TOKEN`` (required).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import socket
 import sys
 from collections.abc import Sequence
 
+from gateway.cluster.local import engine_missing, run_worker
 from gateway.settings import Settings, SettingsError
 
 
@@ -30,6 +30,10 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str]) -> int:
     args = _parse_args(argv[1:])  # argv[0] is "worker"
+    missing = engine_missing()
+    if missing is not None:
+        print(f"kvgate worker: {missing}", file=sys.stderr)
+        return 2
     try:
         settings = Settings.from_env(os.environ)
     except SettingsError as exc:
@@ -45,16 +49,14 @@ def main(argv: Sequence[str]) -> int:
 
         model_dir = str(ensure_demo_model(settings.server.var_dir))
     worker_id = args.id or settings.cluster.worker_id or f"{socket.gethostname()}:{args.port}"
-    from engine.serving.worker.main import build_app, serve_worker
-
-    app = build_app(model_dir, token, worker_id, **settings.model.engine_overrides())
-    asyncio.run(
-        serve_worker(
-            app,
-            args.host,
-            args.port,
-            exit_with_stdin=args.exit_with_stdin,
-            unix_path=args.unix,
-        )
+    run_worker(
+        model_dir,
+        token,
+        worker_id,
+        settings.model.engine_overrides(),
+        host=args.host,
+        port=args.port,
+        exit_with_stdin=args.exit_with_stdin,
+        unix_path=args.unix,
     )
     return 0

@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 
 from engine.text.errors import ModelLoadError
-from gateway import engine_source
 from gateway.app import create_app
+from gateway.cluster import local
 from gateway.cluster.bootstrap import ClusterUnavailable
 from gateway.cluster.local import LocalWorkerError
 from gateway.context import STATE
@@ -78,13 +78,13 @@ async def test_the_model_loads_off_the_event_loop(
     """The load waits for a signal that only the running event loop can give: on the loop's
     own thread (or before it runs) it would wait in vain."""
     signal, seen = threading.Event(), []
-    real = engine_source.load_engine
+    real = local.load_in_process
 
     def load(model: ModelSettings, model_dir: str) -> Any:
         seen.append(signal.wait(timeout=10.0))
         return real(model, model_dir)
 
-    monkeypatch.setattr(engine_source, "load_engine", load)
+    monkeypatch.setattr(local, "load_in_process", load)
     app = create_app(make_settings(gateway_database, tmp_path), model_dir=str(demo_model_dir))
     assert seen == []  # building the app loads nothing
 
