@@ -4,7 +4,7 @@ The wheel is built from the checkout's files (what a clone holds, nothing left o
 editable install) and must hold every file of the packages but the few named in
 ``NOT_INSTALLED``; a list of run-time reads would go stale, this comparison cannot. Then the
 wheel is installed into a fresh virtual environment outside the checkout and its own
-``kvgate serve`` must answer the widget script, the console page and a chat completion.
+``kvgate serve`` must answer the widget script, the icon, the console page and a chat completion.
 
 Nothing is downloaded: the wheel is built without build isolation (this environment's
 setuptools), installed without its dependencies, and the new environment finds them through a
@@ -122,6 +122,10 @@ async def test_kvgate_serve_from_a_regular_install(wheel: Path, tmp_path: Path) 
                 assert resp.status == 200
                 script = ROOT / "gateway" / "widget" / "static" / "kvgate-chat.js"
                 assert await resp.read() == script.read_bytes()
+            async with http.get(f"{server.url}/favicon.ico") as resp:
+                assert resp.status == 200
+                icon = ROOT / "gateway" / "static" / "favicon.ico"
+                assert await resp.read() == icon.read_bytes()
             async with http.get(f"{server.url}/admin/ui/") as resp:
                 assert resp.status == 200
                 page = ROOT / "gateway" / "admin" / "ui" / "index.html"
