@@ -34,91 +34,58 @@ def _edit_config(path: Path, **changes: object) -> None:
     (path / "config.json").write_text(json.dumps(cfg))
 
 
-def missing(tmp_path: Path) -> Path:
-    return tmp_path / "nope"
+def _write(name: str, data: bytes) -> Callable[[Path], None]:
+    return lambda path: (path / name).write_bytes(data)
 
 
-def garbage_gguf(tmp_path: Path) -> Path:
-    path = tmp_path / "garbage.gguf"
-    path.write_bytes(b"\x00garbage" * 100)
+def _remove(name: str) -> Callable[[Path], None]:
+    return lambda path: (path / name).unlink()
+
+
+def _gguf_edit(path: Path, edit: Callable[[bytes], bytes]) -> None:
+    path.write_bytes(edit(path.read_bytes()))
+
+
+# What breaks a checkpoint: (kind, edit) applied to a sound HF directory or GGUF file, or to
+# nothing at all (the path does not exist; a file of garbage).
+BROKEN: dict[str, tuple[str, Callable[[Path], None]]] = {
+    "missing": ("none", lambda path: None),
+    "garbage_gguf": ("none", lambda path: path.write_bytes(b"\x00garbage" * 100)),
+    # the last tensor's data runs past the end of the file
+    "truncated_gguf": ("gguf", lambda path: _gguf_edit(path, lambda data: data[:-64])),
+    "gguf_without_tokenizer_model": (
+        "gguf",
+        lambda path: _gguf_edit(
+            path, lambda data: data.replace(b"tokenizer.ggml.model", b"tokenizer.ggml.mode_")
+        ),
+    ),
+    "no_config": ("hf", _remove("config.json")),
+    "bad_architecture": (
+        "hf",
+        lambda path: _edit_config(path, architectures=["GPT2LMHeadModel"], model_type="gpt2"),
+    ),
+    "no_weights": ("hf", _remove("model.safetensors")),
+    "garbage_weights": ("hf", _write("model.safetensors", b"\xff" * 64)),
+    "no_tokenizer": ("hf", _remove("tokenizer.json")),
+    "bad_tokenizer_config": ("hf", _write("tokenizer_config.json", b"{not json")),
+    "unsupported_dtype": ("hf", lambda path: _edit_config(path, torch_dtype="int8")),
+}
+
+
+def broken(tmp_path: Path, case: str) -> Path:
+    kind, edit = BROKEN[case]
+    path = {
+        "none": lambda: tmp_path / "model.gguf",
+        "gguf": lambda: write_tiny_gguf(tmp_path / "tiny.gguf"),
+        "hf": lambda: _hf(tmp_path),
+    }[kind]()
+    edit(path)
     return path
 
 
-def truncated_gguf(tmp_path: Path) -> Path:
-    path = write_tiny_gguf(tmp_path / "tiny.gguf")
-    path.write_bytes(path.read_bytes()[:-64])  # the last tensor's data runs past the end
-    return path
-
-
-def gguf_without_tokenizer_model(tmp_path: Path) -> Path:
-    path = write_tiny_gguf(tmp_path / "tiny.gguf")
-    data = path.read_bytes().replace(b"tokenizer.ggml.model", b"tokenizer.ggml.mode_")
-    path.write_bytes(data)
-    return path
-
-
-def no_config(tmp_path: Path) -> Path:
-    path = _hf(tmp_path)
-    (path / "config.json").unlink()
-    return path
-
-
-def bad_architecture(tmp_path: Path) -> Path:
-    path = _hf(tmp_path)
-    _edit_config(path, architectures=["GPT2LMHeadModel"], model_type="gpt2")
-    return path
-
-
-def no_weights(tmp_path: Path) -> Path:
-    path = _hf(tmp_path)
-    (path / "model.safetensors").unlink()
-    return path
-
-
-def garbage_weights(tmp_path: Path) -> Path:
-    path = _hf(tmp_path)
-    (path / "model.safetensors").write_bytes(b"\xff" * 64)
-    return path
-
-
-def no_tokenizer(tmp_path: Path) -> Path:
-    path = _hf(tmp_path)
-    (path / "tokenizer.json").unlink()
-    return path
-
-
-def bad_tokenizer_config(tmp_path: Path) -> Path:
-    path = _hf(tmp_path)
-    (path / "tokenizer_config.json").write_text("{not json")
-    return path
-
-
-def unsupported_dtype(tmp_path: Path) -> Path:
-    path = _hf(tmp_path)
-    _edit_config(path, torch_dtype="int8")
-    return path
-
-
-BROKEN = [
-    missing,
-    garbage_gguf,
-    truncated_gguf,
-    gguf_without_tokenizer_model,
-    no_config,
-    bad_architecture,
-    no_weights,
-    garbage_weights,
-    no_tokenizer,
-    bad_tokenizer_config,
-    unsupported_dtype,
-]
-
-
-@pytest.mark.parametrize("make", BROKEN, ids=[f.__name__ for f in BROKEN])
-def test_refuses_what_loading_refuses_with_the_same_message(
-    tmp_path: Path, make: Callable[[Path], Path]
-) -> None:
-    path = make(tmp_path)
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_refuses_what_loading_refuses_with_the_same_message(tmp_path: Path, case: str) -> None:
+    path = broken(tmp_path, case)
     with pytest.raises(ModelLoadError) as loading:
         load_model(path, "auto", "cpu")
     with pytest.raises(ModelLoadError) as checking:
@@ -133,13 +100,13 @@ def test_sound_checkpoints_pass_with_the_config_loading_finds(tmp_path: Path) ->
 
 def test_the_check_imports_no_torch(tmp_path: Path) -> None:
     """What ``kvgate serve`` runs before anything starts: torch's import alone takes seconds."""
-    sound, broken = write_tiny_gguf(tmp_path / "tiny.gguf"), garbage_gguf(tmp_path)
+    sound, garbage = write_tiny_gguf(tmp_path / "tiny.gguf"), broken(tmp_path, "garbage_gguf")
     code = (
         "import sys\n"
         "from engine.runtime.model.checkpoint import check_model\n"
         "from engine.runtime.model.config import ModelLoadError\n"
         f"check_model({str(sound)!r})\n"
-        f"try:\n    check_model({str(broken)!r})\nexcept ModelLoadError:\n    pass\n"
+        f"try:\n    check_model({str(garbage)!r})\nexcept ModelLoadError:\n    pass\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))\n"
     )
     run = subprocess.run(
