@@ -124,8 +124,10 @@ def _read_ready(proc: subprocess.Popen[bytes], timeout_s: float) -> str:
     if not found:
         proc.kill()
         proc.wait()
+        # The worker's own errors went to this process's stderr (inherited), before this line.
         tail = "\n".join(lines[-20:])
-        raise LocalWorkerError(f"the local worker did not start (exit {proc.returncode}):\n{tail}")
+        said = f":\n{tail}" if tail else " (its message is above)"
+        raise LocalWorkerError(f"the local worker did not start (exit {proc.returncode}){said}")
     # Keep draining stdout so the worker never blocks on a full pipe.
     threading.Thread(target=_drain, args=(proc,), daemon=True).start()
     return found[0]

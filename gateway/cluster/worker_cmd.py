@@ -1,5 +1,8 @@
 """``kvgate worker [--host H] [--port P] [--model DIR] [--id ID]``: one engine worker process.
 
+A model that does not load ends the worker with one line naming the file and the problem
+(exit 1): the weight-free checks run first, before torch is imported.
+
 The engine settings are the gateway's (``KVGATE_MODEL``, ``KVGATE_BLOCK_SIZE``,
 ``KVGATE_KV_CACHE_BYTES``, ``KVGATE_PIN_CAP_FRACTION``, ``KVGATE_DEVICE``, ...); the internal API
 is authenticated with ``KVGATE_WORKER_TOKEN`` (required).
@@ -45,9 +48,17 @@ def main(argv: Sequence[str]) -> int:
 
         model_dir = str(ensure_demo_model(settings.server.var_dir))
     worker_id = args.id or settings.cluster.worker_id or f"{socket.gethostname()}:{args.port}"
-    from engine.serving.worker.main import build_app, serve_worker
+    from engine.runtime.model.checkpoint import check_model
+    from engine.runtime.model.config import ModelLoadError
 
-    app = build_app(model_dir, token, worker_id, **settings.model.engine_overrides())
+    try:
+        check_model(model_dir, settings.model.dtype)  # before torch is imported: fails fast
+        from engine.serving.worker.main import build_app, serve_worker
+
+        app = build_app(model_dir, token, worker_id, **settings.model.engine_overrides())
+    except ModelLoadError as exc:  # what only loading finds (a tensor's shape, say)
+        print(f"kvgate worker: the model does not load: {exc}", file=sys.stderr)
+        return 1
     asyncio.run(
         serve_worker(
             app,

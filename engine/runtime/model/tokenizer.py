@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.runtime.model.chat_encoding import ControlMarks, PlainView
 from engine.runtime.model.chat_template import TemplateError, render_chat
+from engine.runtime.model.checkpoint import tokenizer_config, tokenizer_file
 from engine.runtime.model.config import ModelLoadError, read_json
 from engine.runtime.model.text_bound import TextBound, text_bound
 
@@ -65,18 +66,12 @@ class Tokenizer:
         from tokenizers import Tokenizer as Backend
 
         model_dir = Path(model_dir)
-        path = model_dir / "tokenizer.json"
-        if not path.is_file():
-            raise ModelLoadError(f"{path}: file not found")
+        path = tokenizer_file(model_dir)
         try:
             backend = Backend.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception subclass
             raise ModelLoadError(f"{path}: cannot load tokenizer: {exc}") from exc
-        tok_cfg_path = model_dir / "tokenizer_config.json"
-        tok_cfg = read_json(tok_cfg_path) if tok_cfg_path.is_file() else {}
-        template_file = model_dir / "chat_template.jinja"
-        if "chat_template" not in tok_cfg and template_file.is_file():
-            tok_cfg["chat_template"] = template_file.read_text(encoding="utf-8")
+        tok_cfg = tokenizer_config(model_dir)
         eos: list[int] = []
         for name in ("generation_config.json", "config.json"):
             if (model_dir / name).is_file():

@@ -16,9 +16,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from engine.runtime.model.config import ModelLoadError
-from engine.runtime.model.gguf import GGUFFile, load_gguf
+from engine.runtime.model.gguf import GGUFFile
 from engine.runtime.model.gguf_reader import MAX_METADATA_ITEMS, read_buffer
 from engine.runtime.model.gguf_tokenizer import gguf_tokenizer
+from engine.runtime.model.gguf_weights import load_gguf
 from tests.engine.model.gguf_factory import write_tiny_gguf
 
 FUZZ = settings(
