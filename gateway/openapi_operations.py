@@ -201,6 +201,14 @@ OPERATIONS: tuple[Operation, ...] = (
         "get", "/v1/models", "listModels", "the served model", "chat", TENANT_KEY,
         {200: am.ModelList}, (401, 403, 503),
     ),
+    Operation(
+        "get", "/", "home", "a page linking the widget demo, the console and this reference",
+        "ops", None, {200: None}, media="text/html",
+    ),
+    Operation(
+        "get", "/favicon.ico", "favicon", "the gateway's icon (ETag; 304 for If-None-Match)",
+        "ops", None, {200: None, 304: None}, media="image/vnd.microsoft.icon",
+    ),
     Operation("get", "/healthz", "health", "liveness", "ops", None, {200: am.Health}),
     Operation(
         "get", "/readyz", "ready", "readiness (503 while a check fails)", "ops", None,

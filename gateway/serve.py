@@ -15,9 +15,11 @@ With no configuration at all this is the embedded default, ready to use:
 Prometheus metrics are served on a listener of their own (KVGATE_METRICS_HOST, default
 127.0.0.1, and KVGATE_METRICS_PORT, default 9464; 0 disables it), never on the public port.
 
-The engine opens when the app starts (gateway/app.py ``cleanup_ctx``): the local worker that
-serves it is started then; when it does not start or answer, ``kvgate serve`` says why in one
-message and exits 1, the worker stopped.
+The model is checked first (``local_model``): a missing or malformed model file ends the start
+with one line naming the file and the problem, exit 1, before a database is migrated, an admin
+token printed or a worker started. The engine opens when the app starts (gateway/app.py
+``cleanup_ctx``): the local worker that serves it is started then; when it does not start or
+answer, ``kvgate serve`` says why in one message and exits 1, the worker stopped.
 
 Shutdown is graceful (gateway/drain.py): listening stops at once, in-flight chat requests get
 KVGATE_SHUTDOWN_TIMEOUT_S to finish; shortly before that deadline the ones still running end
@@ -35,14 +37,16 @@ import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from aiohttp import web
-
+from engine.text.errors import ModelLoadError
 from gateway.default_model import default_model_env
 from gateway.settings import Settings, SettingsError
 from tenants.sealing import SecretsKeyError
 from tenants.secret_keys import SecretsSettings
+
+if TYPE_CHECKING:  # the rest is imported once the model is checked: a failed start stays quick
+    from aiohttp import web
 
 TOKEN_FILE = "admin-token.sha256"
 
@@ -95,6 +99,28 @@ def ensure_demo_model(var_dir: Path) -> Path:
     return path
 
 
+def local_model(settings: Settings) -> str | None:
+    """The model the local worker serves: KVGATE_MODEL, or the demo model (written under the var
+    dir once), checked first with the loaders' own weight-free checks (headers, metadata, files
+    present: ``check_local_model``), so a model that cannot load is a ``ModelLoadError`` in well
+    under a second instead of a worker traceback after start-up. None when KVGATE_WORKERS names
+    the workers: they hold the model."""
+    if settings.cluster.workers:
+        return settings.model.path
+    from gateway.cluster.local import check_local_model
+
+    model_dir = settings.model.path or str(ensure_demo_model(settings.server.var_dir))
+    check_local_model(model_dir, settings.model.dtype)
+    return model_dir
+
+
+def _engine_missing() -> str | None:
+    """Why the local worker cannot run here (the engine extra is not installed), or None."""
+    from gateway.cluster.local import engine_missing
+
+    return engine_missing()
+
+
 def prepare_database(url: str, secrets_key: SecretsSettings | None = None) -> None:
     """SQLite (the embedded default) migrates itself; PostgreSQL needs ``kvgate migrate``.
     ``secrets_key``: where the key is, should a migration seal stored secrets."""
@@ -133,15 +159,25 @@ def main(argv: Sequence[str]) -> int:
     try:
         environ = environment(args, os.environ)
         base = Settings.from_env(environ)
-        env, new_token = admin_token_env(environ, base.server.var_dir)
-        env = default_model_env(env, base.server.var_dir)
+        var_dir = base.server.var_dir
+        if not base.cluster.workers and (missing := _engine_missing()) is not None:
+            print(f"kvgate serve: KVGATE_WORKERS is unset and {missing}", file=sys.stderr)
+            return 2
+        env = default_model_env(environ, var_dir)
+        model_dir = local_model(Settings.from_env(env))
+        # after the model check: a token generated before a failed start would be lost (its
+        # hash is kept, the token never printed)
+        env, new_token = admin_token_env(env, var_dir)
         settings = Settings.from_env(env)
     except SettingsError as exc:
         print(f"kvgate serve: configuration error: {exc}", file=sys.stderr)
         return 2
+    except ModelLoadError as exc:
+        print(f"kvgate serve: the model does not load: {exc}", file=sys.stderr)
+        return 1
     from gateway.app import create_app
     from gateway.cluster.bootstrap import ClusterUnavailable
-    from gateway.cluster.local import LocalWorkerError, engine_missing
+    from gateway.cluster.local import LocalWorkerError
     from gateway.drain import grace_s
     from gateway.http import run_app
     from gateway.ratelimit import LimiterUnavailable
@@ -153,14 +189,6 @@ def main(argv: Sequence[str]) -> int:
     except SecretsKeyError as exc:
         print(f"kvgate serve: {exc}", file=sys.stderr)
         return 1
-    if not settings.cluster.workers:  # a local worker must start: the engine extra is needed
-        missing = engine_missing()
-        if missing is not None:
-            print(f"kvgate serve: KVGATE_WORKERS is unset and {missing}", file=sys.stderr)
-            return 2
-    model_dir = settings.model.path
-    if model_dir is None and not settings.cluster.workers:  # workers bring their own model
-        model_dir = str(ensure_demo_model(settings.server.var_dir))
     if new_token is not None:
         print(f"kvgate serve: admin token (shown once, keep it): {new_token}", flush=True)
     app = create_app(settings, model_dir=model_dir, local_worker=True)

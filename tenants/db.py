@@ -113,7 +113,16 @@ async def within(seconds: float | None, work: Awaitable[T]) -> T:
             return await asyncio.shield(task)
     except BaseException:
         task.cancel()
+        task.add_done_callback(_consume)
         raise
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """The cut work's own end (its clean-up failing too, as a rollback on a dead connection
+    does) is expected: retrieved, so asyncio does not log it as a lost "Task exception was
+    never retrieved" error, once per unit of work an outage cut."""
+    if not task.cancelled():
+        task.exception()
 
 
 def make_session_factory(engine: AsyncEngine) -> SessionFactory:

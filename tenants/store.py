@@ -27,6 +27,7 @@ from tenants.db import (
 from tenants.errors import StoreUnavailable, TenantExists, TenantStoreError
 from tenants.events import EventBus, KeyChange, SettingGroup, TenantChanged
 from tenants.health import DbHealth
+from tenants.idle import IdleConnections
 from tenants.runtime import KeyIdentity, TenantRuntime
 from tenants.schemas import (
     AuditPage,
@@ -96,6 +97,8 @@ class TenantStore:
         # The key that seals MCP bearers and tool secrets (tenants/secret_store.py); None: a
         # store that never touches them (using one raises SecretsKeyError).
         self.secrets = SecretKeeper(secrets, self.write)
+        # closed when a unit of work cannot reach the database (tenants/idle.py)
+        self.idle = IdleConnections.of(self.engine)
 
     @classmethod
     def open(
@@ -155,7 +158,7 @@ class TenantStore:
             with _outages_unavailable():
                 result = await within(self.deadline_s, self._run(fn, write))
         except StoreUnavailable as exc:
-            self.health.failed(exc)
+            self._failed(exc)
             raise
         except (TenantStoreError, IntegrityError):
             self.health.succeeded()  # the database answered (not found, conflict, ...)
@@ -176,10 +179,17 @@ class TenantStore:
             with _outages_unavailable():
                 await within(timeout_s, self._run(_select_one, False))
         except StoreUnavailable as exc:
-            self.health.failed(exc)
+            self._failed(exc)
             return False
         self.health.succeeded()
         return True
+
+    def _failed(self, exc: StoreUnavailable) -> None:
+        """The database could not be used: marked down, and the pool's idle connections closed
+        (one the outage left silent would cost a later unit its whole deadline)."""
+        self.health.failed(exc)
+        if self.idle is not None:
+            self.idle.close_all()
 
     # -- mutations: commit, then announce -------------------------------------------------
     async def create_tenant(self, data: TenantCreate, *, actor: str) -> TenantOut:

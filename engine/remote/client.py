@@ -62,6 +62,12 @@ class WorkerClient:
         )
         self._known = False  # /v1/info read and its protocol matched: calls may go out
 
+    @property
+    def calls_endpoint(self) -> str:
+        """Where the calls go: ``unix:PATH`` (the local worker's socket), else the URL; the
+        probes always go to the URL."""
+        return self._channel.endpoint
+
     # -- probes (HTTP) ----------------------------------------------------------------------
     async def _get(self, path: str) -> bytes:
         try:

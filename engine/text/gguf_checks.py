@@ -80,3 +80,18 @@ def check_merges(merges: list[Any], vocab: Mapping[str, int], where: str) -> Non
                 f"{where}: metadata tokenizer.ggml.merges[{i}] = {shown!r:.40} is not two "
                 "tokens whose join is a token"
             )
+
+
+def check_tokenizer_metadata(meta: Mapping[str, Any], where: str) -> str:
+    """The tokenizer model kind (``gpt2`` or ``llama``) of metadata that ``check_metadata``
+    finds well formed, else ``ModelLoadError``."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind not in ("gpt2", "llama"):
+        raise ModelLoadError(
+            f"{where}: tokenizer model {kind!r} is not supported ('gpt2' byte-level BPE, "
+            "'llama' SentencePiece BPE)"
+        )
+    if "tokenizer.ggml.tokens" not in meta:
+        raise ModelLoadError(f"{where}: missing metadata tokenizer.ggml.tokens")
+    check_metadata(meta, where)
+    return str(kind)

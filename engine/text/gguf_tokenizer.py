@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from engine.text.errors import ModelLoadError
-from engine.text.gguf_checks import check_merges, check_metadata
+from engine.text.gguf_checks import check_merges, check_tokenizer_metadata
 from engine.text.text_bound import byte_alphabet
 from engine.text.tokenizer import Tokenizer
 
@@ -184,15 +184,7 @@ def _backend(meta: Mapping[str, Any], kind: str, where: str) -> Backend:
 
 def gguf_tokenizer(meta: Mapping[str, Any], where: str) -> Tokenizer:
     """``Tokenizer`` (with chat template, special tokens and EOS ids) from GGUF metadata."""
-    kind = meta.get("tokenizer.ggml.model")
-    if kind not in ("gpt2", "llama"):
-        raise ModelLoadError(
-            f"{where}: tokenizer model {kind!r} is not supported ('gpt2' byte-level BPE, "
-            "'llama' SentencePiece BPE)"
-        )
-    if "tokenizer.ggml.tokens" not in meta:
-        raise ModelLoadError(f"{where}: missing metadata tokenizer.ggml.tokens")
-    check_metadata(meta, where)
+    kind = check_tokenizer_metadata(meta, where)
     tokens = meta["tokenizer.ggml.tokens"]
 
     def text(key: str) -> str | None:

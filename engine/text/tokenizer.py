@@ -3,7 +3,7 @@
 Two ways to encode: ``encode`` is the tokenizer's own (control tokens matched anywhere in the
 text; the tenant's system prompt, tests' parity with transformers); ``apply_chat_template(...,
 marked=True)`` + ``encode_marked`` encode a conversation whose control tokens come from the
-template alone, the messages as plain text (engine/runtime/model/chat_encoding.py).
+template alone, the messages as plain text (engine/text/chat_encoding.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.text.chat_encoding import ControlMarks, PlainView
 from engine.text.chat_template import TemplateError, render_chat
-from engine.text.errors import ModelLoadError, read_json
+from engine.text.errors import ModelLoadError, read_json, tokenizer_config, tokenizer_file
 from engine.text.text_bound import TextBound, text_bound
 
 if TYPE_CHECKING:
@@ -65,18 +65,12 @@ class Tokenizer:
         from tokenizers import Tokenizer as Backend
 
         model_dir = Path(model_dir)
-        path = model_dir / "tokenizer.json"
-        if not path.is_file():
-            raise ModelLoadError(f"{path}: file not found")
+        path = tokenizer_file(model_dir)
         try:
             backend = Backend.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception subclass
             raise ModelLoadError(f"{path}: cannot load tokenizer: {exc}") from exc
-        tok_cfg_path = model_dir / "tokenizer_config.json"
-        tok_cfg = read_json(tok_cfg_path) if tok_cfg_path.is_file() else {}
-        template_file = model_dir / "chat_template.jinja"
-        if "chat_template" not in tok_cfg and template_file.is_file():
-            tok_cfg["chat_template"] = template_file.read_text(encoding="utf-8")
+        tok_cfg = tokenizer_config(model_dir)
         eos: list[int] = []
         for name in ("generation_config.json", "config.json"):
             if (model_dir / name).is_file():
@@ -177,7 +171,7 @@ class Tokenizer:
     @property
     def text_bound(self) -> TextBound | None:
         """How many characters of message text one token can cover at most
-        (engine/runtime/model/text_bound.py); None when this tokenizer can drop or fuse text."""
+        (engine/text/text_bound.py); None when this tokenizer can drop or fuse text."""
         return self._plain_view()[1]
 
     def prepare_chat_encoding(self) -> None:

@@ -54,7 +54,8 @@ def cluster_report(engine: ClusterEngine) -> dict[str, Any]:
         workers.append(
             {
                 "worker_id": wid,
-                "url": m.url,
+                "url": m.url,  # the HTTP probes
+                "calls": m.client.calls_endpoint,  # the transport: unix:PATH for the local one
                 "healthy": m.healthy,
                 "failed_checks": m.failures,
                 "running": load.running if load else None,

@@ -54,6 +54,14 @@ def engine_missing() -> str | None:
     return None
 
 
+def check_local_model(model_dir: str, dtype: str) -> None:
+    """The loaders' own weight-free checks of the model a local engine is to load (headers,
+    metadata, files present; torch-free): their ``ModelLoadError`` before anything starts."""
+    from engine.runtime.model.checkpoint import check_model
+
+    check_model(model_dir, dtype)
+
+
 def load_in_process(model: ModelSettings, model_dir: str) -> EngineClient:
     """The model's engine in this process (seconds to minutes: call it off the event loop)."""
     from engine.serving.async_engine import AsyncEngine
@@ -72,7 +80,8 @@ def run_worker(
     exit_with_stdin: bool,
     unix_path: str | None,
 ) -> None:
-    """``kvgate worker``: load the model and serve it until stopped."""
+    """``kvgate worker``: load the model and serve it until stopped (``ModelLoadError`` for
+    what only loading finds)."""
     from engine.serving.worker.main import build_app, serve_worker
 
     app = build_app(model_dir, token, worker_id, **overrides)
@@ -183,8 +192,10 @@ def _read_ready(proc: subprocess.Popen[bytes], timeout_s: float) -> str:
     if not found:
         proc.kill()
         proc.wait()
+        # The worker's own errors went to this process's stderr (inherited), before this line.
         tail = "\n".join(lines[-20:])
-        raise LocalWorkerError(f"the local worker did not start (exit {proc.returncode}):\n{tail}")
+        said = f":\n{tail}" if tail else " (its message is above)"
+        raise LocalWorkerError(f"the local worker did not start (exit {proc.returncode}){said}")
     # Keep draining stdout so the worker never blocks on a full pipe.
     threading.Thread(target=_drain, args=(proc,), daemon=True).start()
     return found[0]

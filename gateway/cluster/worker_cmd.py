@@ -1,5 +1,8 @@
 """``kvgate worker [--host H] [--port P] [--model DIR] [--id ID]``: one engine worker process.
 
+A model that does not load ends the worker with one line naming the file and the problem
+(exit 1): the weight-free checks run first, before torch is imported.
+
 The engine settings are the gateway's (``KVGATE_MODEL``, ``KVGATE_BLOCK_SIZE``,
 ``KVGATE_KV_CACHE_BYTES``, ``KVGATE_PIN_CAP_FRACTION``, ``KVGATE_DEVICE``, ...); the internal API
 is authenticated with ``KVGATE_WORKER_TOKEN`` (required).
@@ -13,7 +16,8 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from gateway.cluster.local import engine_missing, run_worker
+from engine.text.errors import ModelLoadError
+from gateway.cluster.local import check_local_model, engine_missing, run_worker
 from gateway.settings import Settings, SettingsError
 
 
@@ -49,14 +53,19 @@ def main(argv: Sequence[str]) -> int:
 
         model_dir = str(ensure_demo_model(settings.server.var_dir))
     worker_id = args.id or settings.cluster.worker_id or f"{socket.gethostname()}:{args.port}"
-    run_worker(
-        model_dir,
-        token,
-        worker_id,
-        settings.model.engine_overrides(),
-        host=args.host,
-        port=args.port,
-        exit_with_stdin=args.exit_with_stdin,
-        unix_path=args.unix,
-    )
+    try:
+        check_local_model(model_dir, settings.model.dtype)  # before torch is imported: fails fast
+        run_worker(
+            model_dir,
+            token,
+            worker_id,
+            settings.model.engine_overrides(),
+            host=args.host,
+            port=args.port,
+            exit_with_stdin=args.exit_with_stdin,
+            unix_path=args.unix,
+        )
+    except ModelLoadError as exc:  # what only loading finds (a tensor's shape, say)
+        print(f"kvgate worker: the model does not load: {exc}", file=sys.stderr)
+        return 1
     return 0

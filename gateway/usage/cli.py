@@ -1,6 +1,7 @@
 """``kvgate usage ...``: the ledger's reports on the command line, read from the database.
 
     kvgate usage report  [--tenant ID] --start T [--end T] [--group-by day] [--csv]
+                         the admin API's rows (total_tokens, spend_usd; its CSV columns)
     kvgate usage records --tenant ID --start T [--end T] [--limit N] [--csv]
     kvgate usage trim    [--retention-days N]     apply KVGATE_USAGE_RETENTION_DAYS now
 
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from gateway.usage import reports
+from gateway.usage.admin import REPORT_CSV, group_body
 from gateway.usage.csv_out import write_csv
 from gateway.usage.writer import LedgerWriter
 from tenants.db import make_engine
@@ -56,10 +58,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _write(rows: list[dict[str, object]], as_csv: bool) -> None:
+def _write(
+    rows: list[dict[str, object]], as_csv: bool, columns: Sequence[str] | None = None
+) -> None:
     if as_csv:
         if rows:
-            write_csv(sys.stdout, list(rows[0]), rows)  # text cells neutralized (csv_out.py)
+            # text cells neutralized (csv_out.py)
+            write_csv(sys.stdout, list(columns or rows[0]), rows)
         return
     for row in rows:
         print(json.dumps(row, default=str))
@@ -83,9 +88,11 @@ async def _run(args: argparse.Namespace) -> int:
             page = await reports.report(
                 engine, start=start, end=end, group_by=args.group_by, tenant=args.tenant, limit=None
             )
-            rows = [{"group": g.group, **g.totals.__dict__} for g in page.groups]
+            # the admin API's rows: with total_tokens and spend_usd (CSV: the API's columns)
+            rows: list[dict[str, object]] = [group_body(g) for g in page.groups]
+            columns: Sequence[str] | None = REPORT_CSV
         else:
-            rows = []
+            rows, columns = [], None
             cursor = None
             while len(rows) < args.limit:
                 rp = await reports.records(
@@ -96,7 +103,7 @@ async def _run(args: argparse.Namespace) -> int:
                     break
                 cursor = rp.next_cursor
             rows = rows[: args.limit]
-        _write(rows, args.csv)
+        _write(rows, args.csv, columns)
         return 0
     finally:
         await engine.dispose()

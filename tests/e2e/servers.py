@@ -31,11 +31,17 @@ BASE_ENV = {
 
 
 class ServeProcess:
-    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+    """``kvgate serve`` of this checkout, or with ``kvgate`` (a command line) that one as it is
+    (an installed ``kvgate``: nothing is imported from the checkout, no PYTHONPATH)."""
+
+    def __init__(self, cwd: Path, env: dict[str, str], kvgate: list[str] | None = None) -> None:
         self.port = free_port()
         self.cwd = cwd
-        clean = {k: v for k, v in os.environ.items() if not k.startswith(("KVGATE_", "OTEL_"))}
-        self.env = {**clean, "PYTHONPATH": str(ROOT), **BASE_ENV, **env}
+        self.kvgate = KVGATE if kvgate is None else kvgate
+        drop = ("KVGATE_", "OTEL_", "PYTHONPATH")
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+        source = {"PYTHONPATH": str(ROOT)} if kvgate is None else {}
+        self.env = {**clean, **source, **BASE_ENV, **env}
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = cwd / f"serve-{self.port}.log"
 
@@ -44,7 +50,7 @@ class ServeProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        cmd = [*KVGATE, "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd = [*self.kvgate, "serve", "--host", "127.0.0.1", "--port", str(self.port)]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 cmd, cwd=self.cwd, env=self.env, stdout=out, stderr=subprocess.STDOUT

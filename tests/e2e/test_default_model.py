@@ -15,9 +15,15 @@ import torch
 
 from engine.params import SamplingParams
 from engine.serving.engine import Engine
+from gateway.default_model import GGUF_BYTES
 
 QUESTION = "My rocket order 4711 has not arrived"
 TOKENS = 24
+
+
+def test_the_default_gguf_has_the_size_the_readme_states(default_gguf: Path) -> None:
+    """GGUF_BYTES (the README's "98 MB") is the extracted file's size, byte for byte."""
+    assert default_gguf.stat().st_size == GGUF_BYTES
 
 
 @pytest.mark.timeout(600)

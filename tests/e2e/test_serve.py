@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import stat
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,14 @@ async def admin(http: aiohttp.ClientSession, url: str, token: str, path: str, bo
         return data
 
 
+async def admin_get(http: aiohttp.ClientSession, url: str, token: str, path: str) -> Any:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with http.get(f"{url}/admin/v1{path}", headers=headers) as resp:
+        data = await resp.json()
+        assert resp.status == 200, data
+        return data
+
+
 async def test_embedded_default_serves_chat_and_remembers_its_admin_token(tmp_path: Path) -> None:
     server = ServeProcess(tmp_path, {})
     server.start()
@@ -38,6 +47,13 @@ async def test_embedded_default_serves_chat_and_remembers_its_admin_token(tmp_pa
             body = {"id": "embedded", "name": "Embedded", "system_prompt": "Be helpful."}
             await admin(http, server.url, token, "/tenants", body)
             key = await admin(http, server.url, token, "/tenants/embedded/keys", {"kind": "server"})
+            (worker,) = (await admin_get(http, server.url, token, "/cluster"))["workers"]
+        # the local worker: calls over its owner-only Unix socket, probes on loopback TCP
+        assert worker["url"].startswith("http://127.0.0.1:"), worker
+        assert worker["calls"].startswith("unix:"), worker
+        socket_path = Path(worker["calls"].removeprefix("unix:"))
+        assert stat.S_ISSOCK(socket_path.stat().st_mode)
+        assert stat.S_IMODE(socket_path.stat().st_mode) & 0o077 == 0  # owner-only
         async with AsyncOpenAI(base_url=f"{server.url}/v1", api_key=key["key"], max_retries=0) as c:
             model = (await c.models.list()).data[0].id
             assert model == "demo-model"

@@ -9,6 +9,13 @@ Modes, switched at any time from the test's event loop::
                nothing in either direction, as when a server or a network path stalls
     restore()  back to pass: listen again; connections that were blackholed are closed (the
                server then rolls back whatever they had open)
+    reopen()   back to pass for new connections only: the blackholed ones stay silent for good,
+               as when a firewall, NAT or load balancer between forgot them during the outage
+               and drops their packets without a reset
+    partition  a network partition: nothing moves in either direction, nothing is lost or
+               reset; new connections are accepted and wait
+    heal()     the partition ends: every connection, open or new, carries on with the bytes
+               held (a peer that gave up meanwhile sees its connection closed)
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ class FaultProxy:
         self.port = _free_port()
         self._server: asyncio.Server | None = None
         self._conns: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter | None]] = set()
+        self._forgotten: set[asyncio.StreamWriter] = set()  # client sides reopen() left silent
         self.accepted = 0
 
     async def start(self) -> None:
@@ -38,6 +46,23 @@ class FaultProxy:
 
     async def blackhole(self) -> None:
         self.mode = "blackhole"
+
+    async def reopen(self) -> None:
+        self._forgotten |= {client for client, _ in self._conns}
+        self.mode = "pass"
+
+    def _silent(self, client: asyncio.StreamWriter) -> bool:
+        return self.mode == "blackhole" or client in self._forgotten
+
+    async def partition(self) -> None:
+        self.mode = "partition"
+
+    async def heal(self) -> None:
+        self.mode = "pass"
+
+    async def _held(self, entry: tuple[asyncio.StreamWriter, asyncio.StreamWriter | None]) -> None:
+        while self.mode == "partition" and entry in self._conns:
+            await asyncio.sleep(0.02)
 
     async def restore(self) -> None:
         self._reset_all()
@@ -56,6 +81,7 @@ class FaultProxy:
             # Not wait_closed(): it waits for the accepted connections' handlers too.
 
     def _reset_all(self) -> None:
+        self._forgotten.clear()
         for client, upstream in list(self._conns):
             for writer in (client, upstream):
                 if writer is not None:
@@ -71,8 +97,8 @@ class FaultProxy:
         entry: tuple[asyncio.StreamWriter, asyncio.StreamWriter | None] = (writer, None)
         self._conns.add(entry)
         try:
-            while self.mode == "blackhole" and entry in self._conns:
-                await asyncio.sleep(0.02)  # accepted, never connected upstream
+            while (self._silent(writer) or self.mode == "partition") and entry in self._conns:
+                await asyncio.sleep(0.02)  # accepted, not connected upstream (yet)
             if entry not in self._conns:
                 return
             up_reader, up_writer = await asyncio.open_connection(*self._upstream)
@@ -99,12 +125,15 @@ class FaultProxy:
     ) -> None:
         while entry in self._conns:
             data = await reader.read(65536)
+            await self._held(entry)  # partitioned: held (no further read), then passed on
             if not data:
                 break
             # Blackholed: the bytes are swallowed (the peer sees a silent, open connection).
-            if self.mode == "pass":
+            if not self._silent(entry[0]):
                 writer.write(data)
                 await writer.drain()
+        if writer is entry[0] and writer in self._forgotten:
+            return  # the server's close is dropped too: the client hears nothing, ever
         with contextlib.suppress(Exception):
             writer.transport.abort()
 

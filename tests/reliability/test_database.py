@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 
 from gateway.dbready import PROBE_MAX_AGE_S, PROBE_TIMEOUT_S
 from tenants.events import TenantChanged
@@ -200,4 +201,46 @@ async def test_write_stalled_mid_transaction_leaves_nothing(
             await blocker.close()
         status, _ = await admin(gw, "POST", "/tenants", {"id": "after", "name": "after"})
         assert status == 201  # the database serves writes again
+        await gw.state.store.check_integrity()
+
+
+# Once a partition ends, the admin API answers within one failed trial that may still be under
+# way (the database deadline), the retry interval and scheduling slack.
+ADMIN_BACK_S = DB_TIMEOUT_S + 0.5 + 2 * MARGIN_S
+POOL_SIZE = 5  # SQLAlchemy's default QueuePool size (tenants/db.py keeps it)
+
+
+@pytest.mark.parametrize(
+    ("begin", "end"),
+    [("blackhole", "restore"), ("blackhole", "reopen"), ("partition", "heal")],
+)
+async def test_the_admin_api_answers_soon_after_a_partition_ends(
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path, begin: str, end: str
+) -> None:
+    """The pool is full of idle connections when the partition begins. ``restore``: the proxy
+    closes the connections it cut; ``reopen``: they stay silent for good (a firewall or NAT
+    between forgot them), only new connections pass; ``heal``: nothing was lost, they carry
+    on."""
+    async with gateway_behind_proxy(gateway_database, demo_model_dir, tmp_path) as (gw, proxy):
+        tenant = await gw.create_tenant("partitioned")
+        pool = gw.state.store.engine.sync_engine.pool
+        for _ in range(10):  # concurrent reads until the pool holds its idle connections
+            reads = [admin(gw, "GET", f"/tenants/{tenant.id}") for _ in range(2 * POOL_SIZE)]
+            assert all(status == 200 for status, _ in await asyncio.gather(*reads))
+            if pool.checkedin() >= POOL_SIZE:
+                break
+        assert pool.checkedin() >= POOL_SIZE, pool.status()
+        await getattr(proxy, begin)()
+        status, body = await admin(gw, "GET", f"/tenants/{tenant.id}")
+        assert_unavailable(status, body)  # marked down: one trial per retry interval from now
+        await getattr(proxy, end)()
+        restored = time.monotonic()
+        while True:
+            status, body = await admin(gw, "GET", f"/tenants/{tenant.id}")
+            if status == 200:
+                break
+            assert time.monotonic() - restored < ADMIN_BACK_S, (status, body, pool.status())
+            await asyncio.sleep(0.05)
+        status, body = await admin(gw, "PATCH", f"/tenants/{tenant.id}", {"name": "after"})
+        assert status == 200, body
         await gw.state.store.check_integrity()

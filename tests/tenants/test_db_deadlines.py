@@ -4,6 +4,7 @@ the engine carries the request-path timeouts (SQLite busy timeout, asyncpg comma
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from pathlib import Path
 
@@ -41,6 +42,30 @@ async def test_within_does_not_wait_for_a_slow_clean_up() -> None:
     assert cleaned == []  # still cleaning up, in the background
     await asyncio.sleep(0.6)
     assert cleaned == [True]
+
+
+async def test_a_late_failure_of_the_cut_work_is_not_reported_as_lost() -> None:
+    """The clean-up of work cut by the deadline may fail in turn (a rollback on a dead
+    connection times out): expected, not an asyncio "exception was never retrieved" error."""
+    loop = asyncio.get_running_loop()
+    reported: list[str] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context["message"]))
+
+    async def stalled() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            await asyncio.sleep(0.05)
+            raise TimeoutError("the rollback timed out too")
+
+    try:
+        with pytest.raises(TimeoutError):
+            await within(0.05, stalled())
+        await asyncio.sleep(0.2)  # the clean-up has failed by now
+        gc.collect()  # a task's lost exception is reported when the task is collected
+        assert reported == []
+    finally:
+        loop.set_exception_handler(None)
 
 
 async def test_within_cancels_the_work_when_the_caller_is_cancelled() -> None:

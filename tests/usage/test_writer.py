@@ -6,6 +6,7 @@ hold."""
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import time
 from datetime import UTC, datetime, timedelta
@@ -14,6 +15,7 @@ import pytest
 from sqlalchemy import text
 
 from gateway.usage import reports
+from gateway.usage.admin import REPORT_CSV
 from gateway.usage.cli import main as usage_cli
 from gateway.usage.partitions import list_partitions
 from gateway.usage.record import UsageRecord
@@ -103,4 +105,20 @@ async def test_idempotent_batches_partitions_retention_and_cli(
     )  # fmt: skip
     assert code == 0 and time.perf_counter() - t0 < 30
     (line,) = capsys.readouterr().out.strip().splitlines()
-    assert json.loads(line)["requests"] == len(batch)
+    row = json.loads(line)
+    assert row["requests"] == len(batch)
+    # totals and spend as the admin API reports them
+    tokens = sum(r.prompt_tokens + r.completion_tokens for r in batch)
+    nanos = sum(r.spend_nanos for r in batch)
+    assert row["total_tokens"] == tokens
+    assert row["spend_nanos"] == nanos and row["spend_usd"] == pytest.approx(nanos / 1e9)
+    code = await asyncio.to_thread(
+        usage_cli,
+        ["usage", "report", "--database-url", ledger_database, "--tenant", "t1",
+         "--start", start.isoformat(), "--end", end.isoformat(), "--group-by", "model", "--csv"]
+    )  # fmt: skip
+    assert code == 0
+    (row,) = list(csv.DictReader(capsys.readouterr().out.splitlines()))
+    assert list(row) == list(REPORT_CSV)  # the admin API's CSV columns
+    assert int(row["total_tokens"]) == tokens
+    assert float(row["spend_usd"]) == pytest.approx(nanos / 1e9)

@@ -3,6 +3,10 @@
 Supported: LlamaForCausalLM (Llama 2/3, rope scaling ``llama3`` / ``linear``), Qwen2ForCausalLM
 (q/k/v bias), MistralForCausalLM without a sliding window. Everything else is refused with one
 ``ModelLoadError`` that names the file and the field.
+
+Torch-free, like everything a model is checked with before it is loaded (``checkpoint.py``):
+``kvgate serve`` checks the model before it starts anything. What needs torch (rotary tables,
+the torch dtype) is in ``rope.py`` and ``weights.py``.
 """
 
 from __future__ import annotations
@@ -12,12 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from engine.text.errors import ModelLoadError, read_json
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -30,30 +32,6 @@ class RopeConfig:
     original_max_position: int = 8192
     # Per-pair divisors of the frequencies, as GGUF files store Llama 3 scaling ("rope_freqs").
     freq_factors: tuple[float, ...] | None = None
-
-    def inv_freq(self, head_dim: int) -> torch.Tensor:
-        """Per-pair inverse frequencies [head_dim // 2], float32, the way HF computes them."""
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        inv = 1.0 / (self.theta**exponents)
-        if self.freq_factors is not None:
-            if len(self.freq_factors) != head_dim // 2:
-                n = len(self.freq_factors)
-                raise ModelLoadError(f"rope_freqs: {n} factors, need {head_dim // 2}")
-            return inv / torch.tensor(self.freq_factors, dtype=torch.float32)
-        if self.kind == "linear":
-            return inv / self.factor
-        if self.kind != "llama3":
-            return inv
-        low_wavelen = self.original_max_position / self.low_freq_factor
-        high_wavelen = self.original_max_position / self.high_freq_factor
-        wavelen = 2 * math.pi / inv
-        scaled = torch.where(wavelen > low_wavelen, inv / self.factor, inv)
-        smooth = (self.original_max_position / wavelen - self.low_freq_factor) / (
-            self.high_freq_factor - self.low_freq_factor
-        )
-        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
-        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-        return torch.where(medium, smoothed, scaled)
 
 
 @dataclass(frozen=True)
@@ -192,11 +170,12 @@ def parse_config(model_dir: Path) -> ModelConfig:
     return check_config(cfg, where)
 
 
-def resolve_dtype(requested: str, model: ModelConfig) -> torch.dtype:
-    """EngineConfig.dtype -> torch dtype; "auto" follows the checkpoint (float32 if undeclared)."""
+def dtype_name(requested: str, model: ModelConfig) -> str:
+    """EngineConfig.dtype -> the name of the weights' dtype; "auto" follows the checkpoint
+    (float32 if undeclared)."""
     if requested != "auto":
-        return DTYPES[requested]
+        return requested
     declared = model.torch_dtype or "float32"
-    if declared not in DTYPES:
+    if declared not in DTYPE_NAMES:
         raise ModelLoadError(f"config.json: torch_dtype {declared!r} is not supported")
-    return DTYPES[declared]
+    return declared

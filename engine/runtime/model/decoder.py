@@ -18,6 +18,7 @@ from engine.runtime.kernels.metadata import AttentionMetadata
 from engine.runtime.model.blocks import embed
 from engine.runtime.model.config import ModelConfig
 from engine.runtime.model.linear import Linear
+from engine.runtime.model.rope import inv_freq as rope_inv_freq
 from engine.runtime.model.weights import LayerWeights, ModelWeights
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hkv, D]
@@ -82,7 +83,7 @@ class Decoder:
         self.layers = [_Layer(w, cfg, activations) for w in weights.layers]
         self.scale = cfg.head_dim**-0.5
         # cos/sin tables [max_position, D], computed in float32 as HF does, then cast.
-        inv_freq = cfg.rope.inv_freq(cfg.head_dim)
+        inv_freq = rope_inv_freq(cfg.rope, cfg.head_dim)
         pos = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
         freqs = torch.outer(pos, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)

@@ -15,31 +15,14 @@ from typing import Any
 
 import torch
 
-from engine.runtime.model.config import ModelConfig, parse_config, resolve_dtype
-from engine.runtime.model.gguf import load_gguf
-from engine.runtime.model.weights import LayerWeights, LoadedModel, ModelWeights
-from engine.text.errors import ModelLoadError, read_json
+from engine.runtime.model.checkpoint import checkpoint_files, model_path, unreadable_safetensors
+from engine.runtime.model.config import ModelConfig, parse_config
+from engine.runtime.model.gguf_weights import load_gguf
+from engine.runtime.model.weights import LayerWeights, LoadedModel, ModelWeights, resolve_dtype
+from engine.text.errors import ModelLoadError
 from engine.text.tokenizer import Tokenizer
 
 PROGRESS_MIN_BYTES = 1 << 30  # show a progress bar only for checkpoints at least this large
-
-
-def checkpoint_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = read_json(index).get("weight_map") or {}
-        names = sorted(set(weight_map.values()))
-        files = [model_dir / n for n in names]
-        for f in files:
-            if not f.is_file():
-                raise ModelLoadError(f"{f}: shard listed in {index.name} not found")
-        if not files:
-            raise ModelLoadError(f"{index}: empty weight_map")
-        return files
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"{model_dir}: no *.safetensors weights found")
-    return files
 
 
 class _Reader:
@@ -55,7 +38,7 @@ class _Reader:
             try:
                 handle = stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
             except Exception as exc:  # safetensors raises its own error types
-                raise ModelLoadError(f"{path}: cannot open safetensors file: {exc}") from exc
+                raise unreadable_safetensors(path, exc) from exc
             for name in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
                 self.where[name] = (path, handle)
             self.total_bytes += path.stat().st_size
@@ -138,11 +121,9 @@ def load_model(path: str | Path, dtype: str, device: str, blocks: bool = False) 
 
     ``dtype`` is EngineConfig.dtype ("auto" follows the checkpoint; GGUF dequantizes to float32).
     ``blocks``: a GGUF's Q4_1 and Q8_0 matrices are kept in their blocks on a float32 CPU."""
-    path = Path(path)
-    if path.is_file():
+    path, kind = model_path(path)
+    if kind == "gguf":
         return load_gguf(path, dtype, device, blocks)
-    if not path.is_dir():
-        raise ModelLoadError(f"{path}: model directory not found (nor a .gguf file)")
     cfg = parse_config(path)
     torch_dtype = resolve_dtype(dtype, cfg)
     tokenizer = Tokenizer.from_pretrained(path)

@@ -12,10 +12,16 @@ from dataclasses import dataclass
 import torch
 
 from engine.runtime.model.blocks import BlockWeight
-from engine.runtime.model.config import ModelConfig
+from engine.runtime.model.config import DTYPE_NAMES, ModelConfig, dtype_name
 from engine.text.tokenizer import Tokenizer
 
 Matrix = torch.Tensor | BlockWeight
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
+
+
+def resolve_dtype(requested: str, model: ModelConfig) -> torch.dtype:
+    """EngineConfig.dtype -> torch dtype (``dtype_name``: "auto" follows the checkpoint)."""
+    return DTYPES[dtype_name(requested, model)]
 
 
 @dataclass(frozen=True)

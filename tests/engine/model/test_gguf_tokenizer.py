@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from engine.runtime.model.config import RopeConfig
-from engine.runtime.model.gguf import GGUFFile, load_gguf, parse_gguf_config
+from engine.runtime.model.gguf import GGUFFile, parse_gguf_config
+from engine.runtime.model.gguf_weights import load_gguf
+from engine.runtime.model.rope import inv_freq
 from engine.text.errors import ModelLoadError
 from engine.text.gguf_tokenizer import gguf_tokenizer
 from tests.engine.model.factories import make_hf_model
@@ -111,8 +113,8 @@ def test_rope_freqs_factors_divide_the_frequencies(tmp_path: Path, model: Any) -
     factors = np.linspace(1.0, 8.0, 8, dtype=np.float32)
     path = write_gguf(tmp_path / "m.gguf", model, extra={"rope_freqs.weight": factors})
     rope = parse_gguf_config(GGUFFile.open(path)).rope
-    plain = RopeConfig(theta=rope.theta).inv_freq(16)
-    assert torch.allclose(rope.inv_freq(16), plain / torch.from_numpy(factors))
+    plain = inv_freq(RopeConfig(theta=rope.theta), 16)
+    assert torch.allclose(inv_freq(rope, 16), plain / torch.from_numpy(factors))
 
 
 def test_refused_files(tmp_path: Path, model: Any) -> None:
