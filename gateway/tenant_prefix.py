@@ -14,11 +14,13 @@ tokens the pin manager (gateway/pins.py) pins and the admin API counts against t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
 
 from engine.runtime.model.chat_encoding import ControlMarks
+from tenants.runtime import ToolPolicy
 
 
 class ChatTokenizer(Protocol):
@@ -35,7 +37,18 @@ class ChatTokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def encoding(self, text: str) -> Encoded: ...
+
     def encode_marked(self, text: str, limit: int | None = ...) -> list[int]: ...
+
+
+class Encoded(Protocol):
+    """A text's encoding before its ids are Python ints (the HF tokenizer's ``Encoding``)."""
+
+    def __len__(self) -> int: ...
+
+    @property
+    def ids(self) -> list[int]: ...
 
 
 class TemplateMismatch(RuntimeError):
@@ -55,19 +68,63 @@ class TenantPrefix:
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
-def build_prefix(
+@dataclass(frozen=True, eq=False)
+class EncodedPrefix:
+    """A tenant prefix rendered and encoded, its ids not yet made: ``len`` is its token count.
+
+    Two steps, because of where each may run: rendering and encoding a 200k-character prompt
+    takes 0.1-0.5 s, most of it in the tokenizer with the GIL released, so it runs on the
+    tokenize pool's low-priority threads (``encode_prefix``); making the ids holds the GIL
+    (~30 ns a token, a few ms at the largest prompt), and a nice-19 thread holding the GIL can
+    be kept off the CPU with it while the event loop waits (measured: stalls of 100+ ms on a
+    busy host), so ``prefix()`` is called on the loop."""
+
+    system_prompt: str | None
+    rendered: str
+    encoding: Encoded | None
+    turns: tuple[Mapping[str, Any], ...] = ()
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.encoding) if self.encoding is not None else 0
+
+    @cached_property
+    def _prefix(self) -> TenantPrefix:
+        ids = tuple(self.encoding.ids) if self.encoding is not None else ()
+        return TenantPrefix(
+            self.system_prompt, self.rendered, ids, self.turns, self.template_kwargs
+        )
+
+    def prefix(self) -> TenantPrefix:
+        """The prefix with its ids (made once)."""
+        return self._prefix
+
+
+# A prompt version's encoded prefix from its text and tools (gateway/chat/tools/tenant.py).
+VersionEncoder = Callable[[str | None, ToolPolicy], EncodedPrefix]
+
+
+def encode_prefix(
     tokenizer: ChatTokenizer,
     system_prompt: str | None,
     tool_turns: Sequence[Mapping[str, Any]] = (),
     template_kwargs: Mapping[str, Any] | None = None,
-) -> TenantPrefix:
+) -> EncodedPrefix:
     if not system_prompt:
-        return TenantPrefix(None, "", ())
+        return EncodedPrefix(None, "", None)
     turns = ({"role": "system", "content": system_prompt}, *tool_turns)
     kwargs = dict(template_kwargs or {})
     plain = tokenizer.apply_chat_template(turns, add_generation_prompt=False, **kwargs)
     marked = tokenizer.apply_chat_template(
         turns, add_generation_prompt=False, marked=True, **kwargs
     )
-    ids = tuple(tokenizer.encode(plain))
-    return TenantPrefix(system_prompt, marked, ids, turns, kwargs)
+    return EncodedPrefix(system_prompt, marked, tokenizer.encoding(plain), turns, kwargs)
+
+
+def build_prefix(
+    tokenizer: ChatTokenizer,
+    system_prompt: str | None,
+    tool_turns: Sequence[Mapping[str, Any]] = (),
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> TenantPrefix:
+    return encode_prefix(tokenizer, system_prompt, tool_turns, template_kwargs).prefix()

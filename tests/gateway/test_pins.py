@@ -146,6 +146,17 @@ class CountingTokenizer:
         self.encoded.append(text)
         return [ord(c) for c in text]
 
+    def encoding(self, text: str) -> Encoded:
+        return Encoded(self.encode(text))
+
+
+class Encoded(list[int]):
+    """An encoding as the tokenizer's: its length, and its ids as a list."""
+
+    @property
+    def ids(self) -> list[int]:
+        return list(self)
+
     def encode_marked(self, text: str, limit: int | None = None) -> list[int]:
         return [ord(c) for c in text]
 
