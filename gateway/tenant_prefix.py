@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Protocol
 
 from engine.runtime.model.chat_encoding import ControlMarks
@@ -68,7 +67,6 @@ class TenantPrefix:
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, eq=False)
 class EncodedPrefix:
     """A tenant prefix rendered and encoded, its ids not yet made: ``len`` is its token count.
 
@@ -77,26 +75,32 @@ class EncodedPrefix:
     tokenize pool's low-priority threads (``encode_prefix``); making the ids holds the GIL
     (~30 ns a token, a few ms at the largest prompt), and a nice-19 thread holding the GIL can
     be kept off the CPU with it while the event loop waits (measured: stalls of 100+ ms on a
-    busy host), so ``prefix()`` is called on the loop."""
+    busy host), so ``prefix()`` is called on the loop. It drops the encoding (the tokenizer's
+    strings and offsets: ~14 MB at 200k characters), keeping the ids."""
 
-    system_prompt: str | None
-    rendered: str
-    encoding: Encoded | None
-    turns: tuple[Mapping[str, Any], ...] = ()
-    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    def __init__(
+        self,
+        system_prompt: str | None,
+        rendered: str,
+        encoding: Encoded | None,
+        turns: tuple[Mapping[str, Any], ...] = (),
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._parts = (system_prompt, rendered, turns, dict(template_kwargs or {}))
+        self._count = len(encoding) if encoding is not None else 0
+        self._encoding = encoding
+        self._prefix: TenantPrefix | None = None
 
     def __len__(self) -> int:
-        return len(self.encoding) if self.encoding is not None else 0
-
-    @cached_property
-    def _prefix(self) -> TenantPrefix:
-        ids = tuple(self.encoding.ids) if self.encoding is not None else ()
-        return TenantPrefix(
-            self.system_prompt, self.rendered, ids, self.turns, self.template_kwargs
-        )
+        return self._count
 
     def prefix(self) -> TenantPrefix:
-        """The prefix with its ids (made once)."""
+        """The prefix with its ids (made once; on the event loop)."""
+        if self._prefix is None:
+            ids = tuple(self._encoding.ids) if self._encoding is not None else ()
+            system_prompt, rendered, turns, kwargs = self._parts
+            self._prefix = TenantPrefix(system_prompt, rendered, ids, turns, kwargs)
+            self._encoding = None
         return self._prefix
 
 
