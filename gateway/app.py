@@ -45,9 +45,10 @@ from gateway.admin import (
     create_admin_app,
 )
 from gateway.admin.context import ADMIN_CONTEXT
+from gateway.admin.throttle import AdminThrottle, ThrottleLimits
 from gateway.auth import KeyCache
 from gateway.chat import views
-from gateway.chat.tools.tenant import prefix_builder
+from gateway.chat.tools.tenant import VersionPrefixes
 from gateway.cluster.admin import add_cluster_view
 from gateway.cluster.engine import ClusterEngine
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState, Telemetry
@@ -65,7 +66,8 @@ from gateway.ratelimit.types import LimiterUnavailable
 from gateway.settings import Settings
 from gateway.telemetry import GatewayMetrics, make_tracer, make_tracer_provider
 from gateway.telemetry.dbgauge import database_gauge
-from gateway.tenant_prefix import TemplateMismatch, build_prefix
+from gateway.tenant_prefix import TemplateMismatch
+from gateway.tokenize_pool import TokenizePool
 from gateway.tools_exec.budget_webhook import SoftWebhooks
 from gateway.tools_exec.setup import make_tool_runner
 from gateway.usage.admin import AUDIT_ACTOR, add_usage_routes
@@ -78,6 +80,7 @@ from tenants.events import RedisEventBridge
 from tenants.health import DbHealth
 from tenants.keys import LastUsedRecorder
 from tenants.migrate import check_schema
+from tenants.runtime import ToolPolicy
 from tenants.store import TenantStore
 from tenants.tool_service import ToolStore
 
@@ -143,10 +146,11 @@ def create_app(
     admin = create_admin_app(
         store,
         admin_token_sha256=settings.tenants.admin_token_sha256,
-        prompt_limit=_prompt_limit(opened),
+        prompt_limit=_prompt_limit(app, opened),
         cache_provider=lambda tenant_id: app[STATE].pins.cache_info(tenant_id),
         sessions=app[ADMIN_SESSIONS],
         principal_ttl_s=auth.key_cache_ttl_s,
+        throttle=_admin_throttle(app, settings),
     )
     add_cluster_view(admin, opened, app[TELEMETRY].metrics.registry)
     if settings.usage.enabled:  # built here, opened with the app (no file or connection yet)
@@ -181,12 +185,27 @@ def create_app(
     return app
 
 
-def _prompt_limit(opened: RunningEngine) -> PromptLimit:
-    """A system prompt's tokens as the tenant prefix renders them, at most half the context."""
-    return PromptLimit(
-        count=lambda text: len(build_prefix(opened.engine.info.tokenizer, text).ids),
-        max_tokens=lambda: max(1, opened.engine.info.max_model_len // 2),
+def _prompt_limit(app: web.Application, opened: RunningEngine) -> PromptLimit:
+    """A version's tokens as the tenant prefix renders them (text and tools; the encoding kept
+    for the pin manager's build of the same version), at most half the context."""
+
+    def count(text: str, tools: ToolPolicy) -> int:
+        return len(app[STATE].encode_version(text, tools))
+
+    return PromptLimit(count, max_tokens=lambda: max(1, opened.engine.info.max_model_len // 2))
+
+
+def _admin_throttle(app: web.Application, settings: Settings) -> AdminThrottle:
+    """Admin writes and failed sign-ins counted by the gateway's limiter once it runs."""
+    auth = settings.auth
+    rl = settings.ratelimit
+    limits = ThrottleLimits(
+        auth.writes_per_minute,
+        auth.sign_in_failures_per_minute,
+        rl.trusted_proxies,
+        rl.visitor_ipv6_prefix,
     )
+    return AdminThrottle(limits, limiter=lambda: app[STATE].limiter if STATE in app else None)
 
 
 def _model_name(path: str | None) -> str:
@@ -267,11 +286,21 @@ def _lifecycle(
                 stale_max_s=settings.database.stale_max_s,
             )
             tokenizer = engine.info.tokenizer
-            pins = PinManager(
-                engine, tokenizer, store, prefix_builder(tokenizer, tokenizer.chat_template)
-            )
+            prompts = TokenizePool()  # prompts and prefixes off the loop (pins' builds too)
+            prefixes = VersionPrefixes(tokenizer, tokenizer.chat_template)
+            pins = PinManager(engine, tokenizer, store, prefixes.of_runtime, prompts.run)
             stack.push_async_callback(pins.close)
-            state = GatewayState(store, limiter, engine, tokenizer, model_name, keys, pins)
+            state = GatewayState(
+                store,
+                limiter,
+                engine,
+                tokenizer,
+                model_name,
+                keys,
+                pins,
+                prefixes.encode,
+                prompts=prompts,
+            )
             state.tool_runner = make_tool_runner(
                 settings.tools, store, tel.tracer, tel.metrics.registry
             )

@@ -20,6 +20,7 @@ from gateway.pins import PinManager
 from gateway.ratelimit import Limiter
 from gateway.settings import Settings
 from gateway.telemetry import GatewayMetrics
+from gateway.tenant_prefix import VersionEncoder
 from gateway.tokenize_pool import TokenizePool
 from gateway.tools_exec.runner import ToolRunner
 from tenants.store import TenantStore
@@ -34,6 +35,9 @@ class GatewayState:
     model_name: str
     keys: KeyCache
     pins: PinManager
+    # A prompt version's encoded tenant prefix (text and tools): the pin manager's builds and
+    # the admin API's token counts (gateway/chat/tools/tenant.py's VersionPrefixes).
+    encode_version: VersionEncoder
     draining: bool = False  # set at shutdown: /readyz answers 503, new requests are refused
     drain: Drain = field(default_factory=Drain)  # chat requests in flight, cut at the deadline
     prompts: TokenizePool = field(default_factory=TokenizePool)  # large prompts off the loop

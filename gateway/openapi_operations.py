@@ -76,7 +76,7 @@ _PAGE = (
     Query("cursor", {"type": "string"}, "next_cursor of the previous page"),
 )
 _BODY_ERRORS = (400, 413, 422)
-_ADMIN_ERRORS = (401, 503)
+_ADMIN_ERRORS = (401, 429, 503)
 _T = f"{ADMIN}/tenants/{{id}}"
 _TENANT_LINK = {"id": "$response.body#/id"}
 _SAME_TENANT = {"id": "$request.path.id"}
@@ -106,13 +106,19 @@ def _principal_operations() -> tuple[Operation, ...]:
                {200: tas.AdminOut}, 403, 404, 422),
         Operation("post", f"{ADMIN}/session", "signIn",
                   "exchange an admin token for the console's session cookie and CSRF token",
-                  "admin", None, {201: sv.AdminSessionOut}, (*_BODY_ERRORS, 401, 403, 503),
+                  "admin", None, {201: sv.AdminSessionOut},
+                  (*_BODY_ERRORS, 401, 403, 429, 503),
                   body=sv.AdminSignIn),
         _admin("get", f"{ADMIN}/session", "whoAmI", "the calling principal", {200: sv.WhoAmI}),
         _admin("delete", f"{ADMIN}/session", "signOut", "end the console session",
                {200: sv.SignedOut}, 403),
+        Operation("get", f"{ADMIN}/session/status", "sessionStatus",
+                  "whether the console's cookie holds a session (200 either way)", "admin",
+                  None, {200: sv.SessionStatus}),
         _admin("get", f"{_T}/audit", "listTenantAudit", "one tenant's audit log, newest first",
                {200: ts.AuditPage}, 403, 404, 422, query=_PAGE),
+        Operation("get", "/admin/ui", "consoleRedirect", "redirects to /admin/ui/", "admin",
+                  None, {308: None}),
         Operation("get", "/admin/ui/", "console", "the admin console", "admin", None,
                   {200: None}, media=html),
         Operation("get", "/admin/ui/{path}", "consoleFile", "a file of the admin console",

@@ -10,6 +10,9 @@ Per tenant there is one *current* entry (the version traffic uses) and possibly 
     start-up:        pin every active tenant, most recently used first (the engine's pin cap
                      refuses the rest: they fall back to normal cache retention)
     prompt change:   build + pin the new version  ->  switch current  ->  old entry retires
+                     (built off the event loop: ``offload``, the gateway's tokenize pool; a
+                     request meanwhile stays on the current entry, and one that sees a version
+                     this replica has not activated starts its activation in the background)
     retiring entry:  unpinned as soon as its last in-flight request ends
     tenant deleted:  current entry retires; its prompt snapshots are removed on every worker
 
@@ -21,22 +24,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, Protocol, TypedDict, TypeVar
 
 import structlog
 from sqlalchemy import func, select
 
 from engine.api import EngineClient, PinTicket, PinTier
 from engine.errors import EngineError, PinRejected
-from gateway.tenant_prefix import ChatTokenizer, TenantPrefix, build_prefix
+from gateway.tenant_prefix import ChatTokenizer, EncodedPrefix, TenantPrefix, encode_prefix
+from gateway.tokenize_pool import INLINE_WORK
 from tenants.events import TenantChanged
 from tenants.models import ApiKey
 from tenants.runtime import TenantRuntime
 from tenants.store import TenantStore
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 # Pin states reported by the admin cache endpoint.
 NO_PROMPT = "no_prompt"  # tenant has no system prompt: nothing to pin
@@ -44,6 +49,18 @@ PINNING = "pinning"
 PINNED = "pinned"
 REJECTED = "rejected"  # refused by the engine (pin cap, prompt shorter than a block, ...)
 UNPINNED = "unpinned"  # built on the request path, not (yet) pinned
+
+
+class Offload(Protocol):
+    """Where a prefix is built: ``fn()`` in ``tenant``'s turn, off the event loop when ``work``
+    (characters) is large (gateway/tokenize_pool.py's ``TokenizePool.run``)."""
+
+    def __call__(self, tenant: str, work: int, fn: Callable[[], T]) -> Awaitable[T]: ...
+
+
+async def inline(tenant: str, work: int, fn: Callable[[], T]) -> T:
+    """No pool (tests of the manager alone): on the loop."""
+    return fn()
 
 
 @dataclass(eq=False)
@@ -93,17 +110,22 @@ class PinManager:
         engine: EngineClient,
         tokenizer: ChatTokenizer,
         store: TenantStore,
-        build: Callable[[TenantRuntime], TenantPrefix] | None = None,
+        encode: Callable[[TenantRuntime], EncodedPrefix] | None = None,
+        offload: Offload = inline,
     ) -> None:
-        """``build``: a tenant's prefix from its runtime (default: its prompt alone; the
-        gateway's adds the tenant's tools: gateway/chat/tools/tenant.py)."""
+        """``encode``: a tenant's encoded prefix from its runtime (default: its prompt alone;
+        the gateway's adds the tenant's tools: gateway/chat/tools/tenant.py); ``offload``:
+        where activations run it (the gateway's tokenize pool); the ids are made here, on the
+        loop (gateway/tenant_prefix.py's ``EncodedPrefix`` says why)."""
         self._engine = engine
         self._tokenizer = tokenizer
-        self._build = build or (lambda rt: build_prefix(tokenizer, rt.prompt_text))
+        self._encode = encode or (lambda rt: encode_prefix(tokenizer, rt.prompt_text))
+        self._offload = offload
         self._store = store
         self._current: dict[str, PromptEntry] = {}
         self._retiring: list[PromptEntry] = []
         self._building: dict[str, PromptEntry] = {}  # version being pinned, not yet current
+        self._activating: dict[str, Version] = {}  # version being built, then pinned
         self._counters: dict[str, TenantCounters] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[object]] = set()
@@ -145,29 +167,44 @@ class PinManager:
     async def activate(self, rt: TenantRuntime, entry: PromptEntry | None = None) -> PromptEntry:
         """Make ``rt``'s prompt version current: pin it first, then switch, then retire the old.
 
-        ``entry``: the one ``begin`` already built for this version, so that its prompt is
-        tokenized once. While it is being pinned it is listed in ``_building``, and requests
-        arriving meanwhile share it instead of building their own.
+        ``entry``: the one ``begin`` already built for this version (a tenant's first), so that
+        its prompt is tokenized once; else it is built by ``offload``, off the loop. While it is
+        being pinned it is listed in ``_building``, and requests arriving meanwhile share it
+        instead of building their own.
         """
-        async with self._locks.setdefault(rt.tenant_id, asyncio.Lock()):
+        tenant = rt.tenant_id
+        self._activating[tenant] = _version(rt)  # the newest asked for (begin spawns no more)
+        async with self._locks.setdefault(tenant, asyncio.Lock()):
             try:
-                cur = self._current.get(rt.tenant_id)
+                cur = self._current.get(tenant)
                 if cur is not None and _same(cur, rt):
                     return cur
                 if entry is None:
-                    entry = self._new_entry(rt)
-                self._building[rt.tenant_id] = entry
+                    entry = await self._built_off_loop(rt)
+                self._building[tenant] = entry
                 await self._pin(entry)
             finally:
-                if entry is not None and self._building.get(rt.tenant_id) is entry:
-                    del self._building[rt.tenant_id]
+                if self._activating.get(tenant) == _version(rt):
+                    del self._activating[tenant]
+                if entry is not None and self._building.get(tenant) is entry:
+                    del self._building[tenant]
             self._current[rt.tenant_id] = entry
             if cur is not None:
                 await self._retire(cur)
             return entry
 
     def _new_entry(self, rt: TenantRuntime) -> PromptEntry:
-        prefix = self._build(rt)
+        return self._entry(rt, self._encode(rt).prefix())
+
+    async def _built_off_loop(self, rt: TenantRuntime) -> PromptEntry:
+        """The entry of ``rt``'s version, its prefix rendered and encoded by ``offload`` (with
+        tools always on a thread: rendering them is no measure of characters)."""
+        work = len(rt.prompt_text or "") + (INLINE_WORK + 1 if rt.tool_policy.tools else 0)
+        encoded = await self._offload(rt.tenant_id, work, lambda: self._encode(rt))
+        return self._entry(rt, encoded.prefix())
+
+    @staticmethod
+    def _entry(rt: TenantRuntime, prefix: TenantPrefix) -> PromptEntry:
         state = UNPINNED if prefix.ids else NO_PROMPT
         return PromptEntry(rt.tenant_id, rt.prompt_version, rt.cache_salt, prefix, state)
 
@@ -203,23 +240,43 @@ class PinManager:
         """The entry a request uses; take it before generating, ``end`` it in ``finally``.
 
         A version this replica has not activated yet (missed event, first request of a tenant)
-        is activated in the background. Until it is pinned, traffic stays on the current
-        entry; a tenant without one is served the entry being pinned (built once, unpinned
-        until its pin lands).
+        is activated in the background. Until it is pinned, traffic stays on the current entry
+        (so the new prefix is built off the loop, by the activation); a tenant without one is
+        served the entry being pinned (built here once, unpinned until its pin lands).
         """
         cur = self._current.get(rt.tenant_id)
-        if cur is None or not _same(cur, rt):
-            pending = self._building.get(rt.tenant_id)
-            if pending is None or not _same(pending, rt):
-                pending = self._new_entry(rt)
-                lock = self._locks.get(rt.tenant_id)
-                if lock is None or not lock.locked():
-                    self._building[rt.tenant_id] = pending
-                    self.spawn(self.activate(rt, pending))
-            if cur is None:
-                cur = pending
+        if cur is None:
+            cur = self._first_entry(rt)
+        elif not _same(cur, rt):
+            self._activate_in_background(rt)
         cur.inflight += 1
         return cur
+
+    def _first_entry(self, rt: TenantRuntime) -> PromptEntry:
+        pending = self._building.get(rt.tenant_id)
+        if pending is None or not _same(pending, rt):
+            pending = self._new_entry(rt)
+            lock = self._locks.get(rt.tenant_id)
+            if lock is None or not lock.locked():
+                self._building[rt.tenant_id] = pending
+                self.spawn(self.activate(rt, pending))
+        return pending
+
+    def _activate_in_background(self, rt: TenantRuntime) -> None:
+        pending = self._building.get(rt.tenant_id)
+        if pending is not None and _same(pending, rt):
+            return  # being pinned
+        if self._activating.get(rt.tenant_id) != _version(rt):
+            self._activating[rt.tenant_id] = _version(rt)
+            self.spawn(self._activate_logged(rt))
+
+    async def _activate_logged(self, rt: TenantRuntime) -> None:
+        """A background activation; a failure (the tokenize pool full, the engine away) is
+        logged, and the tenant's next request tries again."""
+        try:
+            await self.activate(rt)
+        except Exception as exc:
+            log.warning("prefix_activation_failed", tenant=rt.tenant_id, error=str(exc))
 
     async def end(self, entry: PromptEntry, prompt_tokens: int, cached_tokens: int) -> None:
         entry.inflight -= 1
@@ -285,8 +342,15 @@ class PinManager:
                 await task
 
 
+Version = tuple[int | None, str]  # a prompt version and the cache salt it is pinned under
+
+
+def _version(rt: TenantRuntime) -> Version:
+    return rt.prompt_version, rt.cache_salt
+
+
 def _same(entry: PromptEntry, rt: TenantRuntime) -> bool:
-    return entry.version == rt.prompt_version and entry.namespace == rt.cache_salt
+    return (entry.version, entry.namespace) == _version(rt)
 
 
 async def order_by_recent_use(

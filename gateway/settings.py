@@ -292,6 +292,18 @@ VARIABLES: tuple[Variable, ...] = (
         "admin console session: signed out this long after sign-in, active or not",
     ),
     Variable(
+        "KVGATE_ADMIN_WRITES_PER_MINUTE",
+        _int_ge1,
+        "60",
+        "admin API writes per minute and principal (429 beyond; burst: the whole minute's)",
+    ),
+    Variable(
+        "KVGATE_ADMIN_SIGN_IN_FAILURES_PER_MINUTE",
+        _int_ge1,
+        "10",
+        "failed admin sign-ins per minute and client address; beyond: its sign-ins are 429s",
+    ),
+    Variable(
         "KVGATE_DB_TIMEOUT_S",
         _positive_float,
         "3",
@@ -628,6 +640,8 @@ class AuthSettings:
     key_cache_ttl_s: float
     session_idle_s: float = 1800.0  # admin console sessions (gateway/admin/session.py)
     session_max_s: float = 43200.0
+    writes_per_minute: int = 60  # admin writes per principal (gateway/admin/throttle.py)
+    sign_in_failures_per_minute: int = 10  # failed sign-ins per client address
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> AuthSettings:
@@ -636,6 +650,8 @@ class AuthSettings:
             key_cache_ttl_s=value(src, "KVGATE_KEY_CACHE_TTL_S"),
             session_idle_s=value(src, "KVGATE_ADMIN_SESSION_IDLE_S"),
             session_max_s=value(src, "KVGATE_ADMIN_SESSION_MAX_S"),
+            writes_per_minute=value(src, "KVGATE_ADMIN_WRITES_PER_MINUTE"),
+            sign_in_failures_per_minute=value(src, "KVGATE_ADMIN_SIGN_IN_FAILURES_PER_MINUTE"),
         )
 
 

@@ -14,11 +14,12 @@ tokens the pin manager (gateway/pins.py) pins and the admin API counts against t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.text.chat_encoding import ControlMarks
+from tenants.runtime import ToolPolicy
 
 
 class ChatTokenizer(Protocol):
@@ -35,7 +36,18 @@ class ChatTokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def encoding(self, text: str) -> Encoded: ...
+
     def encode_marked(self, text: str, limit: int | None = ...) -> list[int]: ...
+
+
+class Encoded(Protocol):
+    """A text's encoding before its ids are Python ints (the HF tokenizer's ``Encoding``)."""
+
+    def __len__(self) -> int: ...
+
+    @property
+    def ids(self) -> list[int]: ...
 
 
 class TemplateMismatch(RuntimeError):
@@ -55,19 +67,68 @@ class TenantPrefix:
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
-def build_prefix(
+class EncodedPrefix:
+    """A tenant prefix rendered and encoded, its ids not yet made: ``len`` is its token count.
+
+    Two steps, because of where each may run: rendering and encoding a 200k-character prompt
+    takes 0.1-0.5 s, most of it in the tokenizer with the GIL released, so it runs on the
+    tokenize pool's low-priority threads (``encode_prefix``); making the ids holds the GIL
+    (~30 ns a token, a few ms at the largest prompt), and a nice-19 thread holding the GIL can
+    be kept off the CPU with it while the event loop waits (measured: stalls of 100+ ms on a
+    busy host), so ``prefix()`` is called on the loop. It drops the encoding (the tokenizer's
+    strings and offsets: ~14 MB at 200k characters), keeping the ids."""
+
+    def __init__(
+        self,
+        system_prompt: str | None,
+        rendered: str,
+        encoding: Encoded | None,
+        turns: tuple[Mapping[str, Any], ...] = (),
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._parts = (system_prompt, rendered, turns, dict(template_kwargs or {}))
+        self._count = len(encoding) if encoding is not None else 0
+        self._encoding = encoding
+        self._prefix: TenantPrefix | None = None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def prefix(self) -> TenantPrefix:
+        """The prefix with its ids (made once; on the event loop)."""
+        if self._prefix is None:
+            ids = tuple(self._encoding.ids) if self._encoding is not None else ()
+            system_prompt, rendered, turns, kwargs = self._parts
+            self._prefix = TenantPrefix(system_prompt, rendered, ids, turns, kwargs)
+            self._encoding = None
+        return self._prefix
+
+
+# A prompt version's encoded prefix from its text and tools (gateway/chat/tools/tenant.py).
+VersionEncoder = Callable[[str | None, ToolPolicy], EncodedPrefix]
+
+
+def encode_prefix(
     tokenizer: ChatTokenizer,
     system_prompt: str | None,
     tool_turns: Sequence[Mapping[str, Any]] = (),
     template_kwargs: Mapping[str, Any] | None = None,
-) -> TenantPrefix:
+) -> EncodedPrefix:
     if not system_prompt:
-        return TenantPrefix(None, "", ())
+        return EncodedPrefix(None, "", None)
     turns = ({"role": "system", "content": system_prompt}, *tool_turns)
     kwargs = dict(template_kwargs or {})
     plain = tokenizer.apply_chat_template(turns, add_generation_prompt=False, **kwargs)
     marked = tokenizer.apply_chat_template(
         turns, add_generation_prompt=False, marked=True, **kwargs
     )
-    ids = tuple(tokenizer.encode(plain))
-    return TenantPrefix(system_prompt, marked, ids, turns, kwargs)
+    return EncodedPrefix(system_prompt, marked, tokenizer.encoding(plain), turns, kwargs)
+
+
+def build_prefix(
+    tokenizer: ChatTokenizer,
+    system_prompt: str | None,
+    tool_turns: Sequence[Mapping[str, Any]] = (),
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> TenantPrefix:
+    return encode_prefix(tokenizer, system_prompt, tool_turns, template_kwargs).prefix()

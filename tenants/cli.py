@@ -23,12 +23,13 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from tenants.admin_cli import ADMIN_ACTIONS, add_admin_commands
+from tenants.carry import prepare_version
 from tenants.errors import ConfigError, TenantStoreError
 from tenants.events import EventBus, RedisEventBridge
 from tenants.schemas import KeyCreate, KeyLimitsIn, LimitsIn, TenantCreate, TenantPatch, parse
 from tenants.settings import TenantStoreSettings
 from tenants.store import TenantStore
-from tenants.tool_service import ToolStore, parse_prompt_body
+from tenants.tool_service import ToolStore
 
 ACTOR = "cli"
 LIMIT_OPTS = ("rpm", "tpm", "max_concurrency", "max_output_tokens", "weight")
@@ -94,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tools-file",
         help="JSON file: the version's tools (a list), or an object with tools, tool_choice "
-        "and max_tool_rounds, as PUT .../system-prompt takes them",
+        "and max_tool_rounds, as PUT .../system-prompt takes them; without it (or for a field "
+        "it omits) the active version's are kept",
     )
     _tenant_cmd(sub, "prompt-versions", "list the system prompt versions, newest first")
     _version_cmd(sub, "show-prompt", "print one system prompt version with its text")
@@ -212,8 +214,10 @@ async def _set_prompt(store: TenantStore, args: argparse.Namespace) -> None:
     if args.tools_file is not None:
         spec = json.loads(Path(args.tools_file).read_text(encoding="utf-8"))
         body.update({"tools": spec} if isinstance(spec, list) else spec)
-    out = await ToolStore(store).set_prompt(args.id, parse_prompt_body(body), actor=ACTOR)
-    tools = len(body.get("tools") or ())
+    tool_store = ToolStore(store)  # omitted tools and options: the active version's
+    data, carry = prepare_version(body, await tool_store.active_version(args.id))
+    out = await tool_store.set_prompt(args.id, data, actor=ACTOR, carry=carry)
+    tools = len(data.tools or ())
     print(f"tenant {args.id}: system prompt version {out.version} is active ({tools} tools)")
     if out.webhook_secret is not None:
         print(f"webhook signing secret (shown once): {out.webhook_secret}")

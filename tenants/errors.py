@@ -57,6 +57,19 @@ class PromptTooLong(InvalidField):
         self.limit = limit
 
 
+class PromptChanged(TenantStoreError):
+    """A new version carried fields forward from the active version, and another write made a
+    different version active before it committed: carrying from that one was not asked for."""
+
+    def __init__(self, tenant_id: str, expected: int | None, active: int | None) -> None:
+        super().__init__(
+            f"the active system prompt of tenant {tenant_id!r} changed (version {expected} -> "
+            f"{active}) while this version carried fields from it; send the request again",
+            param="id",
+        )
+        self.tenant_id = tenant_id
+
+
 class StoreUnavailable(TenantStoreError):
     """The database could not be reached; the unit of work was rolled back entirely."""
 

@@ -107,15 +107,26 @@ class TenantPatch(_In):
 
 class PromptSet(_In):
     """PUT /tenants/{id}/system-prompt: a new version (text and tools together), made active.
-    ``tools`` are checked first by tenants/tools.py (400 ``invalid_tools``)."""
+    ``tools`` are checked first by tenants/tools.py (400 ``invalid_tools``). Omitted ``tools``,
+    ``tool_choice`` and ``max_tool_rounds`` are the active version's (tenants/carry.py); null
+    asks for the default."""
 
     text: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
-    tools: list[ToolIn] | None = Field(default=None, max_length=MAX_TOOLS)
+    tools: list[ToolIn] | None = Field(
+        default=None,
+        max_length=MAX_TOOLS,
+        description="omitted: the active version's; [] or null: none",
+    )
     tool_choice: ToolChoiceIn | None = Field(
-        default=None, description="the choice of requests that send none (default auto)"
+        default=None,
+        description="the choice of requests that send none (omitted: the active version's; "
+        "null: auto)",
     )
     max_tool_rounds: int | None = Field(
-        default=None, ge=0, le=MAX_TOOL_ROUNDS, description="gateway-run tool rounds (4)"
+        default=None,
+        ge=0,
+        le=MAX_TOOL_ROUNDS,
+        description="gateway-run tool rounds (omitted: the active version's; null: 4)",
     )
 
 

@@ -16,10 +16,10 @@ import structlog
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from tenants.errors import InvalidField
+from tenants.carry import ActiveVersion, Carry, read_active_version
 from tenants.events import TenantChanged
 from tenants.models import McpServer, SystemPrompt, Tenant
-from tenants.schemas import PromptSet, PromptVersion, parse
+from tenants.schemas import PromptSet, PromptVersion
 from tenants.sealing import SecretBox, SecretUnreadable
 from tenants.secret_store import seal
 from tenants.service import (
@@ -36,22 +36,11 @@ from tenants.tools import (
     McpSource,
     ToolIn,
     WebhookSource,
-    parse_options,
-    parse_tools,
     stored_tools,
     tools_digest,
 )
 
 log = structlog.get_logger(__name__)
-
-
-def parse_prompt_body(raw: Any) -> PromptSet:
-    """The body of set-prompt: tools first (``InvalidTools``: 400s), then the rest."""
-    if not isinstance(raw, dict):
-        raise InvalidField("body: must be a JSON object")
-    tools = parse_tools(raw.get("tools"))
-    parse_options(raw, {t.function.name for t in tools})
-    return parse(PromptSet, raw)
 
 
 def new_tool_secret() -> str:
@@ -79,11 +68,18 @@ async def set_prompt_version(
     *,
     actor: str,
     box: SecretBox | None,
+    carry: Carry | None,
 ) -> PromptVersion:
     """Add a version (text, tools, options) and make it active; see ``set_system_prompt`` of
-    tenants/service.py for the ordering of concurrent calls. A version with webhook tools gives
-    the tenant a signing secret if it has none (returned this once)."""
+    tenants/service.py for the ordering of concurrent calls. ``carry``: what ``data`` took from
+    the active version (tenants/carry.py), which must still be the active one. A version with
+    webhook tools gives the tenant a signing secret if it has none (returned this once)."""
     await claim_tenant_row(session, tenant_id)
+    if carry is not None:
+        active = await session.scalar(
+            select(Tenant.active_prompt_version).where(Tenant.id == tenant_id)
+        )
+        carry.check(tenant_id, active)
     tools = data.tools or []
     await _check_mcp_sources(session, tenant_id, tools)
     newest = await session.scalar(
@@ -96,6 +92,8 @@ async def set_prompt_version(
     session.add(row)
     await session.flush()
     details = {"version": version, **prompt_digest(data.text), **tools_digest(row.tools)}
+    if carry is not None:
+        details.update(carry.audit())
     await write_audit(session, actor, "prompt.set", tenant_id, details)
     secret = None
     if has_webhooks(data):
@@ -166,10 +164,16 @@ class ToolStore:
     def __init__(self, store: TenantStore) -> None:
         self._store = store
 
-    async def set_prompt(self, tenant_id: str, data: PromptSet, *, actor: str) -> PromptVersion:
+    async def active_version(self, tenant_id: str) -> ActiveVersion:
+        """What a new version would carry forward (``TenantNotFound`` for an unknown id)."""
+        return await self._store.read(lambda s: read_active_version(s, tenant_id))
+
+    async def set_prompt(
+        self, tenant_id: str, data: PromptSet, *, actor: str, carry: Carry | None = None
+    ) -> PromptVersion:
         box = await self._store.secrets.box() if has_webhooks(data) else None
         out = await self._store.write(
-            lambda s: set_prompt_version(s, tenant_id, data, actor=actor, box=box)
+            lambda s: set_prompt_version(s, tenant_id, data, actor=actor, box=box, carry=carry)
         )
         await self._store.bus.publish(TenantChanged(tenant_id, "prompt", out.version))
         return out

@@ -21,6 +21,7 @@ from engine.text.errors import ModelLoadError, read_json, tokenizer_config, toke
 from engine.text.text_bound import TextBound, text_bound
 
 if TYPE_CHECKING:
+    from tokenizers import Encoding
     from tokenizers import Tokenizer as Backend
 
 # A conversation the template must render the same with control tokens marked or not.
@@ -89,13 +90,23 @@ class Tokenizer:
         return self.backend.token_to_id(token)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids of ``text`` (``encoding``'s, as a list)."""
+        ids = self.encoding(text, add_special_tokens).ids
         bos = self.special_tokens["bos_token"]
         if add_special_tokens and self.add_bos and bos is not None:
             bos_id = self.backend.token_to_id(bos)
             if bos_id is not None and (not ids or ids[0] != bos_id):
                 ids = [bos_id, *ids]
         return ids
+
+    def encoding(self, text: str, add_special_tokens: bool = False) -> Encoding:
+        """The tokenizer's encoding of ``text`` before its ids are Python ints: its ``len`` is
+        the token count, ``ids`` makes the list. Through ``encode_batch_fast``, which releases
+        the GIL while it works (the backend's ``encode`` holds it: a 200k-character system
+        prompt encoded on a worker thread stalled the event loop for ~0.5 s); the ids are
+        ``encode``'s. Making the list (~30 ns a token) holds the GIL: a low-priority thread
+        should leave that to the event loop (gateway/tenant_prefix.py)."""
+        return self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -49,10 +49,12 @@ T = "/v1/tenants/{id}"
 K = f"{T}/keys/{{key_id}}"
 ACCESS: Mapping[tuple[str, str], Need] = {
     # console and session (gateway/admin/console.py, session.py)
+    ("GET", "/ui"): _read("public"),  # a redirect to /ui/
     ("GET", "/ui/"): _read("public"),
     ("GET", "/ui/{path}"): _read("public"),
     ("POST", "/v1/session"): _read("public"),  # signs in: the token is in the body
     ("GET", "/v1/session"): _read("self"),
+    ("GET", "/v1/session/status"): _read("public"),  # signed in or not: the cookie's answer
     ("DELETE", "/v1/session"): _read("self"),  # signing out is no write: viewers may
     # admin principals (gateway/admin/admins.py)
     ("POST", "/v1/admins"): _write("platform"),

@@ -8,7 +8,8 @@ Routes (relative to ``ADMIN_PREFIX`` = ``/admin``; see docs of gateway/admin/vie
     PUT /v1/tenants/{id}/keys/{key_id}/priority,
     PUT /v1/tenants/{id}/limits, GET /v1/tenants/{id}/cache, GET /v1/tenants/{id}/audit,
     GET /v1/audit; POST/GET /v1/admins, GET/DELETE /v1/admins/{admin_id} (admins.py);
-    POST/GET/DELETE /v1/session (session_views.py); the console at /ui/ (console.py).
+    POST/GET/DELETE /v1/session, GET /v1/session/status (session_views.py); the console at
+    /ui/ (console.py).
 
 Who may call what: gateway/admin/access.py (checked at start-up for every route, including
 those other modules add after ``create_admin_app``).
@@ -26,6 +27,7 @@ from gateway.admin.context import ADMIN_CONTEXT, AdminContext, CacheProvider, Pr
 from gateway.admin.principal import PrincipalCache
 from gateway.admin.session import MemorySessionStore, SessionStore
 from gateway.admin.session_views import add_session_routes
+from gateway.admin.throttle import AdminThrottle
 from gateway.admin.tools import add_tool_admin_routes
 from gateway.admin.views import add_routes
 from gateway.admin.widget import add_widget_admin_routes
@@ -45,6 +47,7 @@ def register_tenant_errors() -> None:
     register_error(te.AdminNotFound, 404, "not_found_error", "admin_not_found")
     register_error(te.TenantExists, 409, "invalid_request_error", "tenant_exists")
     register_error(te.TenantDeleted, 409, "invalid_request_error", "tenant_deleted")
+    register_error(te.PromptChanged, 409, "invalid_request_error", "prompt_changed")
     register_error(te.InvalidField, 422, "invalid_request_error", "invalid_field")
     register_error(te.PromptTooLong, 422, "invalid_request_error", "prompt_too_long")
     register_error(te.StoreUnavailable, 503, "service_unavailable", "database_unavailable")
@@ -69,6 +72,7 @@ def create_admin_app(
     actor: str = "admin",
     sessions: SessionStore | None = None,
     principal_ttl_s: float = 5.0,
+    throttle: AdminThrottle | None = None,
 ) -> web.Application:
     """The admin sub-app. ``admin_token_sha256``: the bootstrap token (a platform editor;
     None: only tokens of ``admin_principals`` are accepted).
@@ -76,16 +80,17 @@ def create_admin_app(
     ``prompt_limit`` bounds system prompts (422 with the limit; none: unbounded);
     ``cache_provider(tenant_id)`` answers GET .../cache (503 when not given); ``sessions``:
     the console's session store (default: in memory, 30 min idle, 12 h at most);
-    ``principal_ttl_s``: how long a token's principal is cached. The store and its engine
-    belong to the caller.
+    ``principal_ttl_s``: how long a token's principal is cached; ``throttle``: writes per
+    principal and failed sign-ins per address (default: 60 and 10 a minute, in process). The
+    store and its engine belong to the caller.
     """
     register_tenant_errors()
     principals = PrincipalCache(AdminStore(store), admin_token_sha256, ttl_s=principal_ttl_s)
     store.bus.subscribe(principals.on_event)
     sessions = sessions or MemorySessionStore()
-    app = web.Application(
-        middlewares=[error_middleware, admin_auth_middleware(principals, sessions), no_nul_params]
-    )
+    throttle = throttle or AdminThrottle()
+    auth = admin_auth_middleware(principals, sessions, throttle)
+    app = web.Application(middlewares=[error_middleware, auth, no_nul_params])
     app[ADMIN_CONTEXT] = AdminContext(
         store=store,
         prompt_limit=prompt_limit,
@@ -93,6 +98,7 @@ def create_admin_app(
         default_actor=actor,
         principals=principals,
         sessions=sessions,
+        throttle=throttle,
     )
     add_routes(app)
     add_widget_admin_routes(app)  # PUT/GET /v1/tenants/{id}/widget, POST .../rotate-secret

@@ -1,4 +1,5 @@
-"""The admin console's files at ``/admin/ui/`` (public: the API behind them is not).
+"""The admin console's files at ``/admin/ui/`` (public: the API behind them is not);
+``/admin/ui`` redirects there (308: the page's relative URLs resolve under the slash).
 
 Plain HTML, CSS and ES modules from ``gateway/admin/ui`` (no build step, no CDN), read once
 when the routes are added and answered from memory; any other name is a 404. Every answer
@@ -54,6 +55,13 @@ def _answer(files: dict[str, tuple[bytes, str]], name: str) -> web.Response:
     return web.Response(body=body, content_type=kind, charset="utf-8", headers=SECURITY_HEADERS)
 
 
+async def to_index(request: web.Request) -> web.Response:
+    """``/admin/ui`` -> ``/admin/ui/`` (the query kept)."""
+    query = request.query_string
+    target = f"{request.path}/" + (f"?{query}" if query else "")
+    return web.Response(status=308, headers={**SECURITY_HEADERS, "Location": target}, text="")
+
+
 async def index(request: web.Request) -> web.Response:
     return _answer(request.app[UI], "index.html")
 
@@ -64,5 +72,6 @@ async def asset(request: web.Request) -> web.Response:
 
 def add_console_routes(app: web.Application) -> None:
     app[UI] = load_files()
+    app.router.add_get("/ui", to_index)
     app.router.add_get("/ui/", index)
     app.router.add_get("/ui/{path:.+}", asset)

@@ -11,11 +11,15 @@ from aiohttp import web
 
 from gateway.admin.principal import Principal, PrincipalCache
 from gateway.admin.session import Session, SessionStore
+from gateway.admin.throttle import AdminThrottle
+from tenants.runtime import ToolPolicy
 from tenants.store import TenantStore
 
 # tenant id -> pin state and cache counters (any JSON-able mapping); may be sync or async.
 CacheProvider = Callable[[str], Mapping[str, Any] | Awaitable[Mapping[str, Any]]]
-TokenCounter = Callable[[str], int]
+# A version's prefix tokens (its text and tools through the chat template): CPU-bound, called
+# on the tokenize pool's threads (gateway/admin/prompts.py).
+TokenCounter = Callable[[str, ToolPolicy], int]
 
 # The principal of the admin request being handled (set by gateway/admin/auth.py for the
 # handler's task only): audit rows name it.
@@ -27,8 +31,9 @@ SESSION = web.RequestKey("admin_session", Session)
 
 @dataclass(frozen=True)
 class PromptLimit:
-    """How system prompts are bounded: ``count(text)`` tokens, at most ``max_tokens()``. Both
-    are asked per request (the gateway's read the engine it opens after building the app)."""
+    """How system prompts are bounded: ``count(text, tools)`` tokens, at most ``max_tokens()``.
+    Both are asked per request (the gateway's read the engine it opens after building the
+    app)."""
 
     count: TokenCounter
     max_tokens: Callable[[], int]
@@ -42,6 +47,7 @@ class AdminContext:
     default_actor: str
     principals: PrincipalCache
     sessions: SessionStore
+    throttle: AdminThrottle
 
     @property
     def actor(self) -> str:

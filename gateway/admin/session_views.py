@@ -1,4 +1,9 @@
-"""``/v1/session``: sign in to the console (token -> cookie + CSRF token), who am I, sign out."""
+"""``/v1/session``: sign in to the console (token -> cookie + CSRF token), who am I, sign out;
+``/v1/session/status``: whether the console's cookie holds a session (public: the console asks
+it before signing in, and "no" is an answer, not an error).
+
+A wrong token at sign-in counts against its client address (gateway/admin/throttle.py); an
+address blocked for failed sign-ins gets a 429 before its token is looked at."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from pydantic import BaseModel, Field
 
+from gateway.admin.auth import cookie_session
 from gateway.admin.context import ADMIN_CONTEXT, PRINCIPAL, SESSION
 from gateway.admin.principal import Principal
 from gateway.admin.session import COOKIE, SessionsUnavailable, clear_cookie, set_cookie
@@ -49,6 +55,14 @@ class SignedOut(BaseModel):
     signed_out: bool
 
 
+class SessionStatus(BaseModel):
+    """The console's session, if its cookie holds one (else only ``signed_in: false``)."""
+
+    signed_in: bool
+    principal: PrincipalOut | None = None
+    csrf_token: str | None = None
+
+
 def _answer(model: BaseModel, status: int = 200) -> web.Response:
     return _no_store(web.json_response(model.model_dump(mode="json"), status=status))
 
@@ -80,9 +94,12 @@ async def sign_in(request: web.Request) -> web.Response:
     _same_origin(request)
     data = parse(AdminSignIn, await read_json(request))
     ctx = request.app[ADMIN_CONTEXT]
+    address = ctx.throttle.address(request)
+    ctx.throttle.check_sign_in(address)
     digest = token_sha256(data.token.strip())
     principal = await ctx.principals.resolve_digest(digest)
     if principal is None:
+        await ctx.throttle.failed_sign_in(address)
         raise ApiError(
             401, "invalid admin token", type_="authentication_error", code="invalid_admin_token"
         )
@@ -108,6 +125,21 @@ async def whoami(request: web.Request) -> web.Response:
     return _answer(WhoAmI(principal=PrincipalOut.of(request[PRINCIPAL]), csrf_token=csrf))
 
 
+async def session_status(request: web.Request) -> web.Response:
+    """200 either way: the cookie's principal and CSRF token, or ``signed_in: false`` (no
+    cookie, an ended session, a revoked token). Only the cookie is read: a bearer token is
+    checked where it is used, under the sign-in throttle."""
+    ctx = request.app[ADMIN_CONTEXT]
+    found = await cookie_session(ctx.principals, ctx.sessions, request)
+    if found is None:
+        return _answer(SessionStatus(signed_in=False))
+    principal, session = found
+    out = SessionStatus(
+        signed_in=True, principal=PrincipalOut.of(principal), csrf_token=session.csrf
+    )
+    return _answer(out)
+
+
 async def sign_out(request: web.Request) -> web.Response:
     sid = request.cookies.get(COOKIE)
     if sid:
@@ -126,5 +158,6 @@ def add_session_routes(app: web.Application) -> None:
             web.post("/v1/session", sign_in),
             web.get("/v1/session", whoami),
             web.delete("/v1/session", sign_out),
+            web.get("/v1/session/status", session_status),
         ]
     )

@@ -1,7 +1,8 @@
 """Admin routes of tenant tools (in the admin sub-app, behind its bearer auth)::
 
 PUT  /v1/tenants/{id}/system-prompt        {text, tools?, tool_choice?, max_tool_rounds?}
-                                           -> {version, webhook_secret?}   (tools: 400s)
+                                           -> {version, webhook_secret?}   (tools: 400s;
+                                           gateway/admin/prompts.py)
 POST /v1/tenants/{id}/tool-secret/rotate   -> {webhook_secret}: a new signing secret, shown once
 POST /v1/tenants/{id}/mcp-servers          {url, bearer?} -> 201 {id, url, tools, created_at}:
                                            the server's tools listed now (MCP tools/list) and
@@ -17,53 +18,19 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.admin.context import ADMIN_CONTEXT
-from gateway.chat.tools.formats import detect_format, renders_tools
-from gateway.chat.tools.tenant import prefix_parts, tenant_tool_defs
 from gateway.context import STATE
 from gateway.errors import ApiError, register_error
-from gateway.tenant_prefix import build_prefix
 from gateway.tools_exec.egress import EgressRefused
 from gateway.tools_exec.mcp import McpUnreachable
 from gateway.widget.body import read_json
-from tenants.errors import PromptTooLong
 from tenants.mcp_store import McpServerIn, McpServerList, McpStore
-from tenants.runtime import ToolPolicy
-from tenants.schemas import PromptSet, ToolSecret, parse
-from tenants.tool_service import ToolStore, parse_prompt_body
-from tenants.tools import InvalidTools, runtime_tools, stored_tools
+from tenants.schemas import ToolSecret, parse
+from tenants.tool_service import ToolStore
+from tenants.tools import InvalidTools
 
 
 def register_tool_errors() -> None:
     register_error(InvalidTools, 400, "invalid_request_error", "invalid_tools")
-
-
-parse_prompt_set = parse_prompt_body
-
-
-def check_prefix(request: web.Request, data: PromptSet) -> None:
-    """The version's whole prefix (text and tools through the chat template) within the prompt
-    limit (422 ``prompt_too_long``, param ``tools``); the text alone is checked before."""
-    limit = request.app[ADMIN_CONTEXT].prompt_limit
-    state = request.config_dict.get(STATE)
-    if limit is None or state is None or not data.tools:
-        return
-    tok = state.tokenizer
-    policy = ToolPolicy(tools=runtime_tools(stored_tools(data.tools)))
-    fmt, native = detect_format(tok.chat_template), renders_tools(tok.chat_template)
-    turns, kwargs = prefix_parts(tenant_tool_defs(policy), fmt, native)
-    num_tokens, max_tokens = (
-        len(build_prefix(tok, data.text, turns, kwargs).ids),
-        limit.max_tokens(),
-    )
-    if num_tokens > max_tokens:
-        raise PromptTooLong(num_tokens, max_tokens, param="tools")
-
-
-async def set_prompt_version(request: web.Request, data: PromptSet) -> web.Response:
-    check_prefix(request, data)
-    ctx = request.app[ADMIN_CONTEXT]
-    out = await ToolStore(ctx.store).set_prompt(request.match_info["id"], data, actor=ctx.actor)
-    return web.json_response(out.model_dump(mode="json", exclude_none=True))
 
 
 async def rotate_tool_secret(request: web.Request) -> web.Response:

@@ -16,9 +16,9 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from gateway.admin.context import ADMIN_CONTEXT, AdminContext
-from gateway.admin.tools import parse_prompt_set, set_prompt_version
+from gateway.admin.prompts import check_prompt, put_version
 from gateway.errors import ApiError
-from tenants.errors import InvalidField, PromptTooLong
+from tenants.errors import InvalidField
 from tenants.schemas import (
     MAX_LIMIT,
     KeyCreate,
@@ -79,19 +79,10 @@ def _version(request: web.Request) -> int:
     return value
 
 
-def _check_prompt(request: web.Request, text: str, param: str) -> None:
-    limit = _ctx(request).prompt_limit
-    if limit is None:
-        return
-    num_tokens, max_tokens = limit.count(text), limit.max_tokens()
-    if num_tokens > max_tokens:
-        raise PromptTooLong(num_tokens, max_tokens, param=param)
-
-
 async def create_tenant(request: web.Request) -> web.Response:
     data = parse(TenantCreate, await _body(request))
     if data.system_prompt is not None:
-        _check_prompt(request, data.system_prompt, "system_prompt")
+        await check_prompt(request, data.id, data.system_prompt, "system_prompt")
     ctx = _ctx(request)
     return _json(await ctx.store.create_tenant(data, actor=ctx.actor), status=201)
 
@@ -120,10 +111,8 @@ async def delete_tenant(request: web.Request) -> web.Response:
 
 
 async def set_prompt(request: web.Request) -> web.Response:
-    """A new version: text and tools together (gateway/admin/tools.py)."""
-    data = parse_prompt_set(await _body(request))
-    _check_prompt(request, data.text, "text")
-    return await set_prompt_version(request, data)
+    """A new version: text and tools together, omitted ones carried (gateway/admin/prompts.py)."""
+    return await put_version(request, await _body(request))
 
 
 async def list_prompts(request: web.Request) -> web.Response:

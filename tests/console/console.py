@@ -4,14 +4,33 @@ and waiting for the console's status line to settle."""
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from playwright.async_api import Browser, Page
 
 from tests.gateway.harness import LiveGateway
+
+
+@dataclass
+class Env:
+    gw: LiveGateway
+    browser: Browser
+    shots: Path
+
+
+def tid(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+async def new_token(gw: LiveGateway, scope: str, access: str) -> str:
+    made = await gw.admin("POST", "/admins", {"scope": scope, "access": access})
+    token: str = made["token"]
+    return token
 
 
 @dataclass
@@ -31,13 +50,17 @@ EXPECTED = re.compile(r"^Failed to load resource: the server responded with a st
 
 
 @asynccontextmanager
-async def watched_page(browser: Browser, width: int = 1280) -> AsyncIterator[Watched]:
+async def watched_page(
+    browser: Browser, width: int = 1280, *, refusals_are_errors: bool = False
+) -> AsyncIterator[Watched]:
+    """A page whose console errors are recorded: 4xx loads too with ``refusals_are_errors``
+    (a flow in which the console should meet no refusal at all)."""
     context = await browser.new_context(viewport={"width": width, "height": 900})
     page = await context.new_page()
     w = Watched(page)
 
     def on_console(msg: Any) -> None:
-        if msg.type == "error" and not EXPECTED.match(msg.text):
+        if msg.type == "error" and (refusals_are_errors or not EXPECTED.match(msg.text)):
             w.errors.append(msg.text)
 
     page.on("console", on_console)

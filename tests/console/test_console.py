@@ -1,70 +1,22 @@
-"""The admin console in Debian's Chromium (headless) against a live gateway on loopback.
-
-Screenshots of the main pages go to $KVGATE_CONSOLE_SCREENSHOTS when set (docs/images/ is made
-with it), else to the test's temporary directory.
-"""
+"""The admin console in Debian's Chromium (headless) against a live gateway on loopback
+(fixtures: tests/console/conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-import pytest_asyncio
-from playwright.async_api import Browser, Page
+from playwright.async_api import Page
 
 from gateway.admin import ADMIN_SESSIONS
-from tests.console.console import fetch, settle, sign_in, watched_page
+from tests.console.console import Env, fetch, new_token, settle, sign_in, tid, watched_page
 from tests.gateway.harness import (
     ADMIN_TOKEN,
     LiveGateway,
-    create_database,
-    drop_database,
-    live_gateway,
-    make_settings,
-    pg_url,
 )
-from tests.widget.browser import chromium, require_chromium
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 MARKUP = '<img src=x onerror="alert(1)"><script>alert(2)</script><b id="injected">bold</b>'
-
-
-@dataclass
-class Env:
-    gw: LiveGateway
-    browser: Browser
-    shots: Path
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def env(
-    template_database: str, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Env]:
-    require_chromium()
-    name = await create_database(template_database)
-    shots = Path(os.environ.get("KVGATE_CONSOLE_SCREENSHOTS") or tmp_path_factory.mktemp("shots"))
-    shots.mkdir(parents=True, exist_ok=True)
-    try:
-        settings = make_settings(pg_url(name), tmp_path_factory.mktemp("console"))
-        async with live_gateway(settings, demo_model_dir) as gw, chromium() as browser:
-            yield Env(gw, browser, shots)
-    finally:
-        await drop_database(name)
-
-
-def tid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-async def new_token(gw: LiveGateway, scope: str, access: str) -> str:
-    made = await gw.admin("POST", "/admins", {"scope": scope, "access": access})
-    token: str = made["token"]
-    return token
 
 
 async def wait_for_usage(gw: LiveGateway, tenant: str, timeout: float = 30.0) -> None:

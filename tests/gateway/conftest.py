@@ -42,6 +42,26 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_demo_model(tmp_path_factory.mktemp("demo-model"))
 
 
+def long_context_copy(demo_model_dir: Path, dest: Path, positions: int) -> Path:
+    """A copy of the demo model whose context is ``positions`` tokens: huge prompts pass the
+    bounds and are really rendered and tokenized."""
+    import json
+    import shutil
+
+    path = dest / "model"
+    shutil.copytree(demo_model_dir, path)
+    config = json.loads((path / "config.json").read_text())
+    config["max_position_embeddings"] = positions
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def long_context_model(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo model with a 128k-token context (tests/gateway/test_loop_stall.py)."""
+    return long_context_copy(demo_model_dir, tmp_path_factory.mktemp("long-context"), 1 << 17)
+
+
 @pytest.fixture(scope="session")
 def template_database() -> Iterator[str]:
     """A PostgreSQL database migrated to head once; each test gets a copy of it."""

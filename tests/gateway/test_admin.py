@@ -11,6 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.admin import ADMIN_PREFIX, PromptLimit, create_admin_app
+from tenants.runtime import ToolPolicy
 from tenants.store import TenantStore
 from tests.tenants.factories import ADMIN_TOKEN, dump_tables
 from tests.tenants.fixtures import db_url, postgresql_url, sqlite_url, store
@@ -22,8 +23,9 @@ TOKEN_SHA = hashlib.sha256(ADMIN_TOKEN.encode()).hexdigest()
 MAX_PROMPT_TOKENS = 20
 
 
-def count_words(text: str) -> int:
-    return len(text.split())
+def count_words(text: str, tools: ToolPolicy) -> int:
+    """A stand-in for the tokenizer: a word a token, and one per tool."""
+    return len(text.split()) + len(tools.tools)
 
 
 def fake_cache(tenant_id: str) -> dict[str, Any]:

@@ -17,13 +17,10 @@ import asyncio
 import gzip
 import json
 import random
-import shutil
 import statistics
 import time
 from collections import Counter
 from pathlib import Path
-
-import pytest
 
 from tests.gateway.harness import LiveGateway, live_gateway, make_settings
 from tests.gateway.loadprobe import LoopLag, p99, running
@@ -32,16 +29,6 @@ HOSTILE_IN_FLIGHT = 8
 MESSAGE_CHARS = 1_000_000  # a 1 MB message in a body under KVGATE_MAX_BODY_BYTES (1 MiB)
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "please"]
 WINDOW_S = 3.0  # how long /healthz and the ticker are measured, unloaded and then loaded
-
-
-@pytest.fixture(scope="module")
-def long_context_model(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("long-context") / "model"
-    shutil.copytree(demo_model_dir, path)
-    config = json.loads((path / "config.json").read_text())
-    config["max_position_embeddings"] = 1 << 17
-    (path / "config.json").write_text(json.dumps(config))
-    return path
 
 
 def hostile_body(model: str) -> bytes:

@@ -47,10 +47,10 @@ def test_openapi_31_with_bearer_schemes(doc: dict[str, Any]) -> None:
     for path, item in doc["paths"].items():
         for method, op in item.items():
             (requirement,) = op["security"] or [{None: []}]
-            public = path.startswith("/admin/ui/") or (method, path) == (
-                "post",
-                "/admin/v1/session",
-            )
+            public = path.startswith("/admin/ui") or (method, path) in {
+                ("post", "/admin/v1/session"),
+                ("get", "/admin/v1/session/status"),
+            }
             expected = (
                 ADMIN_TOKEN
                 if path.startswith("/admin/") and not public

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import update
 
@@ -126,6 +129,14 @@ async def test_deleting_a_tenant_removes_its_prompt_snapshot(
         await wait_for(lambda: files() == {names[kept.id]})  # suspended: kept, deleted: removed
 
 
+class Encoded(list[int]):
+    """An encoding as the tokenizer's: its length, and its ids as a list."""
+
+    @property
+    def ids(self) -> list[int]:
+        return list(self)
+
+
 class CountingTokenizer:
     """ChatML-like template; counts how often text is tokenized."""
 
@@ -145,6 +156,9 @@ class CountingTokenizer:
     def encode(self, text: str) -> list[int]:
         self.encoded.append(text)
         return [ord(c) for c in text]
+
+    def encoding(self, text: str) -> Encoded:
+        return Encoded(self.encode(text))
 
     def encode_marked(self, text: str, limit: int | None = None) -> list[int]:
         return [ord(c) for c in text]
@@ -182,5 +196,40 @@ async def test_requests_while_a_version_is_pinned_share_one_prefix() -> None:
     for e in entries:
         await pins.end(e, prompt_tokens=10, cached_tokens=5)
     assert pins.begin(rt) is entries[0] and len(tok.encoded) == 1
+    pins.check_integrity()
+    await pins.close()
+
+
+async def test_a_new_version_is_built_off_the_loop_while_traffic_stays_on_the_current() -> None:
+    """Activations build through ``offload`` (the gateway's tokenize pool: here a thread), and
+    a request that sees a version this replica has not activated is served the current entry
+    and starts that activation, once, instead of building the prefix itself."""
+    tok, engine = CountingTokenizer(), GatedPinEngine()
+    built_on: list[bool] = []
+
+    async def offload(tenant: str, work: int, fn: Any) -> Any:
+        def run() -> Any:
+            built_on.append(threading.current_thread() is threading.main_thread())
+            return fn()
+
+        return await asyncio.to_thread(run)
+
+    pins = PinManager(engine, tok, store=None, offload=offload)  # type: ignore[arg-type]
+    v1 = TenantRuntime("t1", "active", "salt-1", 1, "Be brief.", DEFAULT_LIMITS, True)
+    engine.release.set()
+    first = await pins.activate(v1)
+    v2 = dataclasses.replace(v1, prompt_version=2, prompt_text="Be very brief.")
+    engine.release.clear()
+    served = [pins.begin(v2) for _ in range(3)]
+    assert all(e is first for e in served)  # the current version, no prefix built here
+    await wait_for(lambda: len(built_on) == 2)  # v1's, then v2's: one activation started
+    assert built_on == [False, False]  # both on the offload's thread
+    engine.release.set()
+    await wait_for(lambda: (cur := pins.current("t1")) is not None and cur.version == 2)
+    assert len(tok.encoded) == 2
+    served.append(pins.begin(v2))
+    assert served[-1].version == 2
+    for e in served:
+        await pins.end(e, prompt_tokens=1, cached_tokens=0)
     pins.check_integrity()
     await pins.close()

@@ -17,14 +17,17 @@ gets ``"none"`` (its grammar is the format's).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections import deque
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gateway.chat.tools.formats import ToolFormat, detect_format, renders_tools
 from gateway.chat.tools.models import NamedToolChoice, ResponseFormat, ToolChoice, ToolDef
 from gateway.chat.tools.render import tool_definition, tool_lines
-from gateway.tenant_prefix import ChatTokenizer, TenantPrefix, build_prefix
+from gateway.tenant_prefix import ChatTokenizer, EncodedPrefix, encode_prefix
 from tenants.runtime import TenantRuntime, ToolPolicy
+from tenants.tools import TenantTool
 
 
 def tenant_tool_defs(policy: ToolPolicy) -> list[ToolDef]:
@@ -43,17 +46,35 @@ def prefix_parts(
     return [turn], {}
 
 
-def prefix_builder(
-    tokenizer: ChatTokenizer, template: str | None
-) -> Callable[[TenantRuntime], TenantPrefix]:
-    """What the pin manager builds a tenant's prefix with (its prompt and its tools)."""
-    fmt, native = detect_format(template), renders_tools(template)
+class VersionPrefixes:
+    """A prompt version's encoded prefix from its text and tools, the last few remembered: an
+    admin write counts a version's tokens and the pin manager pins the same prefix a moment
+    later (gateway/admin/prompts.py, gateway/pins.py), so a 200k-character prompt is encoded
+    once. Encoding runs on the tokenize pool's threads: the memory is locked (the work is not)."""
 
-    def build(rt: TenantRuntime) -> TenantPrefix:
-        turns, kwargs = prefix_parts(tenant_tool_defs(rt.tool_policy), fmt, native)
-        return build_prefix(tokenizer, rt.prompt_text, turns, kwargs)
+    def __init__(self, tokenizer: ChatTokenizer, template: str | None, remember: int = 4) -> None:
+        self._tokenizer = tokenizer
+        self._fmt, self._native = detect_format(template), renders_tools(template)
+        self._recent: deque[tuple[str, tuple[TenantTool, ...], EncodedPrefix]]
+        self._recent = deque(maxlen=remember)
+        self._lock = threading.Lock()
 
-    return build
+    def encode(self, text: str | None, policy: ToolPolicy) -> EncodedPrefix:
+        if not text:
+            return encode_prefix(self._tokenizer, text)
+        with self._lock:
+            for seen, tools, encoded in self._recent:
+                if tools == policy.tools and seen == text:
+                    return encoded
+        turns, kwargs = prefix_parts(tenant_tool_defs(policy), self._fmt, self._native)
+        encoded = encode_prefix(self._tokenizer, text, turns, kwargs)
+        with self._lock:
+            self._recent.append((text, policy.tools, encoded))
+        return encoded
+
+    def of_runtime(self, rt: TenantRuntime) -> EncodedPrefix:
+        """What the pin manager builds a tenant's prefix from (its prompt and its tools)."""
+        return self.encode(rt.prompt_text, rt.tool_policy)
 
 
 def request_choice(

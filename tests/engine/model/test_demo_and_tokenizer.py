@@ -79,6 +79,19 @@ def test_encode_decode_and_special_tokens(demo_dir: Path) -> None:
     assert tok.decode(chat, skip_special_tokens=False) == "<|im_start|>user\nhi<|im_end|>"
 
 
+def test_encoding_is_the_backends_encode_without_holding_the_gil(demo_dir: Path) -> None:
+    """``encode`` and ``encoding`` give the backend's own ``encode`` ids (special tokens
+    matched, added when asked); they go through ``encode_batch_fast``, which releases the GIL
+    (gateway/tenant_prefix.py relies on it), and ``encoding`` counts without making the ids."""
+    tok = Tokenizer.from_pretrained(demo_dir)
+    for text in ("plain words", "<|im_start|>system\nBe brief.<|im_end|>\n", "é " * 500):
+        for special in (False, True):
+            own = tok.backend.encode(text, add_special_tokens=special).ids
+            assert tok.encoding(text, special).ids == own
+            assert len(tok.encoding(text, special)) == len(own)
+            assert tok.encode(text, special)[-len(own) :] == own
+
+
 def test_incremental_detokenizer_never_splits_characters(demo_dir: Path) -> None:
     tok = Tokenizer.from_pretrained(demo_dir)
     text = "Grüße 🙂 你好, kvgate! ∑ naïve — done."

@@ -47,10 +47,12 @@ export async function signIn(token) {
   return out.principal;
 }
 
-export async function whoAmI() {
-  const out = await api('GET', '/session');
+/** The principal of the console's session, or null before sign-in (asked without a 401:
+ * GET /session/status answers ``signed_in: false``, so a first visit logs no error). */
+export async function sessionPrincipal() {
+  const out = await api('GET', '/session/status');
   csrf = out.csrf_token || null;
-  return out.principal;
+  return out.signed_in ? out.principal : null;
 }
 
 /** Ends the session; an error (503: the session store is away) means it still holds. */

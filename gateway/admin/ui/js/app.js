@@ -1,5 +1,5 @@
 // The console: sign-in, the principal's navigation, hash routes to pages.
-import { api, onSignedOut, signIn, signOut, whoAmI } from './api.js';
+import { api, onSignedOut, sessionPrincipal, signIn, signOut } from './api.js';
 import { clear } from './dom.js';
 import { busy, showError, status } from './ui.js';
 import { renderAdmins } from './pages/admins.js';
@@ -70,9 +70,11 @@ async function start() {
   window.addEventListener('hashchange', route);
   status('Loading…');
   try {
-    showApp(await whoAmI());
+    const principal = await sessionPrincipal();
+    if (principal) showApp(principal);
+    else showSignIn();
   } catch (err) {
-    showSignIn();
+    showSignIn(err.message);
   } finally {
     status('');
   }
