@@ -6,6 +6,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+ENGINE_MODULES = ("torch", "triton", "safetensors")  # the engine extra's (pyproject.toml)
+
 # subcommand -> (module, help). The module exposes ``main(argv: list[str]) -> int``.
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gateway.serve", "run the gateway (OpenAI-compatible chat API + admin API)"),
@@ -35,7 +37,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"kvgate: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+    except ModuleNotFoundError as exc:
+        if exc.name not in ENGINE_MODULES:
+            raise
+        from gateway.cluster.local import ENGINE_EXTRA
+
+        print(f"kvgate {name}: the engine is not installed: pip install '{ENGINE_EXTRA}'")
+        return 2
     return int(module.main([name, *rest]) or 0)
 
 

@@ -14,6 +14,7 @@ decode leaves the token sampled last step. A preempted request goes back to WAIT
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import uuid
 from collections.abc import Sequence
@@ -79,10 +80,18 @@ class Request:
     def priorities(self) -> tuple[PriorityRange, ...]:
         return self.options.priorities
 
+    @priorities.setter
+    def priorities(self, ranges: tuple[PriorityRange, ...]) -> None:
+        self.options = dataclasses.replace(self.options, priorities=ranges)
+
     @property
     def cache_scope(self) -> CacheScope | None:
         """Private prefix-cache keys past its shared part (engine/core/kv/hashing.py)."""
         return self.options.cache_scope
+
+    @cache_scope.setter
+    def cache_scope(self, scope: CacheScope | None) -> None:
+        self.options = dataclasses.replace(self.options, cache_scope=scope)
 
     @property
     def tenant(self) -> str:

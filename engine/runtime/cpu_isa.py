@@ -9,11 +9,12 @@
     torch's own kernels are dispatched at AVX2 (``ATEN_CPU_CAPABILITY=avx2``) and oneDNN's are
     capped at AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2``).
 
-torch and oneDNN read their two variables once, when the process runs its first CPU kernel, not
-at import; so :func:`export_torch_caps` runs when the ``engine`` package is imported (that import
-runs no torch op). Values already set for those two variables are kept. A process that ran torch
-ops before importing ``engine`` keeps torch's own choice: the GEMM still takes its AVX2 build and
-``engine/runtime/kernels/cpu/gemm.py`` logs that torch was not capped.
+torch and oneDNN read their two variables once, when the process runs its first CPU kernel, not at
+import; so :func:`export_torch_caps` runs when the engine's runtime is imported
+(engine/runtime/__init__.py; that import runs no torch op). Values already set for those two
+variables are kept. A process that ran torch ops before importing the runtime keeps torch's own
+choice: the GEMM still takes its AVX2 build and ``engine/runtime/kernels/cpu/gemm.py`` logs that
+torch was not capped.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
-ENV = "KVGATE_CPU_ISA"
+from engine.config import CPU_ISA
+
+ENV = CPU_ISA.name
 CHOICES = ("auto", "avx2")
 # what ``avx2`` exports for torch (ATen's dispatch) and oneDNN, unless already set
 TORCH_CAPS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}

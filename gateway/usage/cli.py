@@ -71,11 +71,12 @@ def _write(
 
 
 async def _run(args: argparse.Namespace) -> int:
-    url = args.database_url or os.environ.get("KVGATE_DATABASE_URL") or DEFAULT_DATABASE_URL
+    settings = Settings.from_env(os.environ)  # the variables as `kvgate serve` reads them
+    url = args.database_url or settings.tenants.database_url
     engine = make_engine(url)
     try:
         if args.cmd == "trim":
-            days = args.retention_days or int(os.environ.get("KVGATE_USAGE_RETENTION_DAYS", "0"))
+            days = args.retention_days or settings.usage.retention_days or 0
             if days < 1:
                 print("kvgate usage trim: no retention configured", file=sys.stderr)
                 return 2
