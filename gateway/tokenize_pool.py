@@ -31,8 +31,10 @@ tenant's prompt takes the other at once: it waits for none of them.
 Work is bounded: a tenant with ``limit`` requests waiting here (its concurrency limit, which
 the caller passes) gets a 429 for the next one, and ``total`` across tenants answer 503; within
 the bound requests wait. Requests of one tenant with the same ``key`` (a grammar's digest) share
-one job: ten concurrent requests with one new schema compile it once. A job whose every
-requester went away before its turn is dropped without running.
+one job: ten concurrent requests with one new schema compile it once. Tenants never share a job
+(one would wait in the other's queue); two tenants sending one new schema at once compile it
+twice at most, and the compile cache keeps one. A job whose every requester went away before
+its turn is dropped without running.
 """
 
 from __future__ import annotations
