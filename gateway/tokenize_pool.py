@@ -224,9 +224,10 @@ class TokenizePool:
         self._running.discard(job)
         assert job.started is not None
         self._used[job.tenant] += self._clock() - job.started  # charged to whoever asked
+        asked = job.requests
         self._release(job)
         if not job.done.done():
-            if future.cancelled():
+            if future.cancelled() or not asked:  # no one left to take its result or error
                 job.done.cancel()
             elif (exc := future.exception()) is not None:
                 job.done.set_exception(exc)

@@ -287,3 +287,22 @@ async def test_errors_reach_the_caller_and_free_the_slot(pool: TokenizePool) -> 
             return_exceptions=True,
         )
         assert all(isinstance(r, ApiError) for r in results)
+
+
+async def test_a_running_job_whose_requesters_left_keeps_its_thread_until_it_ends(
+    pool: TokenizePool,
+) -> None:
+    """A job on a thread cannot be stopped: it still holds the thread and its tenant's share,
+    and its time is still charged, until it ends."""
+    gate = Gate()
+    task = asyncio.create_task(pool.run("a", LARGE, gate.job("a0")))
+    await wait_for(lambda: gate.started == ["a0"])
+    task.cancel()
+    await settle()
+    load = pool.load()["a"]
+    assert (load.running, load.requests) == (1, 0)
+    pool.check_integrity()
+    await gate.release("a0")
+    await wait_for(lambda: pool.load() == {})
+    with pytest.raises(asyncio.CancelledError):
+        await task
