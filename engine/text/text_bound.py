@@ -43,7 +43,11 @@ class TextBound(NamedTuple):
     dropped: str = ""  # characters the tokenizer drops without a token: not counted
 
     def count(self, text: str) -> int:
-        return len(text) - sum(text.count(c) for c in self.dropped)
+        """Characters of ``text`` that count. The gateway counts every message on its event
+        loop: ``str.find`` of one character is a ``memchr`` (0.02 ms per MiB), ``str.count``
+        a full pass (~1 ms per MiB), so only a dropped character that occurs is counted (one
+        pass each over a 1 MiB widget message took 2 ms, 7-15 ms on a busy host, per request)."""
+        return len(text) - sum(text.count(c) for c in self.dropped if c in text)
 
 
 def text_bound(spec: dict[str, Any], vocab: dict[str, int]) -> TextBound | None:

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from gateway.admin.context import ADMIN_CONTEXT, PromptLimit
 from gateway.context import STATE
-from gateway.tokenize_pool import prompt_work
+from gateway.tokenize_pool import COMPILE_WORK, prompt_work
 from tenants.carry import ActiveVersion, Carry, prepare_version
 from tenants.errors import PromptTooLong
 from tenants.runtime import ToolPolicy
@@ -78,7 +78,9 @@ async def put_version(request: web.Request, raw: Any) -> web.Response:
     store = ToolStore(ctx.store)
     active = await store.active_version(tenant_id)
     # With tools, always a thread: their schemas are checked, like a grammar's compile.
-    work = prompt_work(_text_chars(raw), 1, grammar=_has_tools(raw, active))
+    work = prompt_work(_text_chars(raw), 1)
+    if _has_tools(raw, active):
+        work = max(work, COMPILE_WORK)
     limit = ctx.prompt_limit
     data, carry = await off_loop(request, tenant_id, work, lambda: _checked(raw, active, limit))
     out = await store.set_prompt(tenant_id, data, actor=ctx.actor, carry=carry)

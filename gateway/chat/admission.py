@@ -8,6 +8,7 @@ the client one request of its RPM (``Limiter.charge``); a client with none left 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -43,7 +44,7 @@ from gateway.ratelimit import Decision, Lease, LimiterUnavailable, Scope
 from gateway.ratelimit.scopes import VisitorDefaults, admission_scopes
 from gateway.ratelimit.types import REASON_TOO_WIDE
 from gateway.settings import ModelSettings
-from gateway.tokenize_pool import prompt_work
+from gateway.tokenize_pool import COMPILE_WORK, prompt_work
 from gateway.visitor import request_visitor
 from tenants.runtime import TenantRuntime
 
@@ -179,17 +180,24 @@ async def prepare(
     plan = plan_output(
         tools, choice, body.parallel_tool_calls, body.response_format, tok.chat_template
     )
-    work = prompt_work(chars, len(body.messages), grammar=needs_compile(plan, tok))
     # The tenant's tools are in its prefix; a fallback template gets the client's after them.
     rendered = tools if plan.native else client_tools
+    limit = rt.limits.max_concurrency  # requests that may wait for the pool, as for the engine
+    if plan.grammar is not None and needs_compile(plan, tok):
+        # A new grammar: one compile on the threads, charged to this tenant, shared by its
+        # requests with the same grammar waiting meanwhile; after it, checking is a lookup.
+        compile_plan = functools.partial(check_plan, plan, tok)
+        key = plan.grammar.digest
+        await state.prompts.run(rt.tenant_id, COMPILE_WORK, compile_plan, key=key, limit=limit)
 
     def build() -> list[int]:
         rendering = plan.rendering(body.messages, rendered)
         ids = assemble(tok, entry.prefix, body.messages, max_len, rendering=rendering)
-        check_plan(plan, tok)
+        check_plan(plan, tok)  # compiled above (or before): a lookup in the compile cache
         return ids
 
-    prompt_ids = await state.prompts.run(rt.tenant_id, work, build)
+    work = prompt_work(chars, len(body.messages))
+    prompt_ids = await state.prompts.run(rt.tenant_id, work, build, limit=limit)
     settings = request.app[SETTINGS]
     max_tokens = resolve_max_tokens(
         body, rt, len(prompt_ids), max_len, settings.model.default_max_tokens
