@@ -10,12 +10,12 @@ ENGINE_MODULES = ("torch", "triton", "safetensors")  # the engine extra's (pypro
 
 # subcommand -> (module, help). The module exposes ``main(argv: list[str]) -> int``.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("gateway.serve", "run the gateway (OpenAI-compatible chat API + admin API)"),
-    "worker": ("gateway.cluster.worker_cmd", "run one engine worker (internal API for gateways)"),
+    "serve": ("gateway.commands.serve", "run the gateway (OpenAI-compatible chat API + admin API)"),
+    "worker": ("gateway.commands.worker", "run one engine worker (internal API for gateways)"),
     "migrate": ("tenants.cli", "upgrade the tenant database schema to head"),
     "tenants": ("tenants.cli", "manage tenants, keys, system prompts and limits"),
     "secrets": ("tenants.secrets_cli", "secrets at rest: key status; reseal under a new key"),
-    "usage": ("gateway.usage.cli", "usage reports and records from the ledger; retention"),
+    "usage": ("gateway.commands.usage", "usage reports and records from the ledger; retention"),
     "demo-model": ("engine.runtime.model.demo", "write the deterministic demo model to a dir"),
     "bench": ("bench.cli", "run a benchmark (kv, model, reuse, burst, blocksize, load, gateway)"),
 }

@@ -592,7 +592,7 @@ class RateLimitSettings:
     visitor_tpm: int = 20_000
     visitor_max_concurrency: int = 2
     trusted_proxies: tuple[IPNetwork, ...] = ()
-    visitor_ipv6_prefix: int = 64  # IPv6 visitors grouped by network (gateway/visitor.py)
+    visitor_ipv6_prefix: int = 64  # IPv6 visitors grouped by network (gateway/access/visitor.py)
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> RateLimitSettings:
@@ -675,7 +675,7 @@ class WidgetSettings:
 
 @dataclass(frozen=True)
 class ToolSettings:
-    """Tools the gateway runs for tenants (gateway/tools_exec/, docs/tools.md)."""
+    """Tools the gateway runs for tenants (gateway/chat/tools/run/, docs/tools.md)."""
 
     allowed_hosts: str = ""
     timeout_s: float = 5.0

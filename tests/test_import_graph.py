@@ -200,9 +200,11 @@ def test_the_graph_sees_lazy_and_type_checking_imports() -> None:
     found = imports_in(ast.parse(code), "engine", GRAPH.modules)
     assert sorted(found) == [("engine.core.kv.pool", 2), ("engine.runtime.runner", 4)]
     assert "engine.runtime.runner" in GRAPH.edges["engine.serving.engine"]  # inside from_pretrained
-    assert "gateway.cluster.bootstrap" in GRAPH.edges["gateway.engine_source"]  # lazy
+    assert "gateway.cluster.bootstrap" in GRAPH.edges["gateway.lifecycle.engine_source"]  # lazy
     assert "torch" in GRAPH.external["engine.runtime.runner"]
-    assert GRAPH.where[("gateway.app", "gateway.engine_source")].startswith("gateway/app.py:")
+    assert GRAPH.where[("gateway.app", "gateway.lifecycle.engine_source")].startswith(
+        "gateway/app.py:"
+    )
 
 
 def test_the_cycle_finder_names_the_cycle() -> None:

@@ -105,7 +105,7 @@ class Tokenizer:
         the GIL while it works (the backend's ``encode`` holds it: a 200k-character system
         prompt encoded on a worker thread stalled the event loop for ~0.5 s); the ids are
         ``encode``'s. Making the list (~30 ns a token) holds the GIL: a low-priority thread
-        should leave that to the event loop (gateway/tenant_prefix.py)."""
+        should leave that to the event loop (gateway/prompts/tenant_prefix.py)."""
         return self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:

@@ -17,10 +17,10 @@ control tokens): the pinned prefix stays token-identical.
 
 Bounds checked before any rendering or tokenizing (``check_bounds``): at most
 ``min(MAX_MESSAGES, max_model_len)`` messages, and no more characters than ``max_model_len``
-tokens can cover (engine/runtime/model/text_bound.py: a bound that never refuses a prompt that
+tokens can cover (engine/text/text_bound.py: a bound that never refuses a prompt that
 fits, for templates that copy message text).
 
-The prefix itself (``TenantPrefix``, ``build_prefix``) is gateway/tenant_prefix.py's.
+The prefix itself (``TenantPrefix``, ``build_prefix``) is gateway/prompts/tenant_prefix.py's.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from gateway.chat.bounds import message_cap, too_many_messages
 from gateway.chat.messages import ChatMessage
 from gateway.chat.tools.render import Rendering, plain_messages
 from gateway.errors import ApiError
-from gateway.tenant_prefix import ChatTokenizer, TemplateMismatch, TenantPrefix
+from gateway.prompts.tenant_prefix import ChatTokenizer, TemplateMismatch, TenantPrefix
 
 
 def check_client_system(

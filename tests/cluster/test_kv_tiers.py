@@ -22,7 +22,7 @@ from engine.serving.worker.events import KvEventHub
 from gateway.cluster.admin import cluster_report
 from gateway.cluster.kvindex import DEVICE, HOST, KvIndex
 from gateway.cluster.local import LocalWorker
-from gateway.pins import PINNED, PinManager, PromptEntry
+from gateway.prompts.pins import PINNED, PinManager, PromptEntry
 from tests.cluster.workers import TOKEN, cluster_engine, start_workers, stop_workers, worker_env
 
 BS = 16

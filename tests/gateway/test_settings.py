@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import EngineConfig
-from gateway.serve import admin_token_env
+from gateway.commands.serve import admin_token_env
 from gateway.settings import VARIABLES, Settings, SettingsError, configuration_table
 
 

@@ -3,8 +3,8 @@
 ``check_grammar`` (engine/runtime/grammar) compiles the grammar against the tokenizer (the
 engine caches compiled grammars by digest, so the request's own compile is then a hit) and raises
 ``GrammarRejected`` naming the feature (``uniqueItems``, a look-around in a ``pattern``, ...).
-A grammar not compiled yet is checked on the tokenize threads (gateway/tokenize_pool.py) as a
-job of its own, keyed by its digest, so a tenant's concurrent requests with one new grammar wait
+A grammar not compiled yet is checked on the tokenize threads (gateway/prompts/tokenize_pool.py) as
+a job of its own, keyed by its digest, so a tenant's concurrent requests with one new grammar wait
 for one compile (a large schema compiles for milliseconds to seconds, never on the event loop);
 then, with the prompt's rendering, the check is a lookup in the compile cache. A tool grammar
 refused as a whole is narrowed down to the function whose parameters hold the feature, so the

@@ -82,7 +82,8 @@ def test_encode_decode_and_special_tokens(demo_dir: Path) -> None:
 def test_encoding_is_the_backends_encode_without_holding_the_gil(demo_dir: Path) -> None:
     """``encode`` and ``encoding`` give the backend's own ``encode`` ids (special tokens
     matched, added when asked); they go through ``encode_batch_fast``, which releases the GIL
-    (gateway/tenant_prefix.py relies on it), and ``encoding`` counts without making the ids."""
+    (gateway/prompts/tenant_prefix.py relies on it), and ``encoding`` counts without making the
+    ids."""
     tok = Tokenizer.from_pretrained(demo_dir)
     for text in ("plain words", "<|im_start|>system\nBe brief.<|im_end|>\n", "é " * 500):
         for special in (False, True):
