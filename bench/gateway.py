@@ -447,7 +447,7 @@ def _spread(reps: list[dict[str, float]]) -> dict[str, Any]:
 
 def _frame_codec_us(n: int = 20000) -> float:
     """Encode + decode of one decode-step output frame (one token, timings absent), in µs:
-    the worker protocol's codec (engine/serving/worker/messages.py)."""
+    the worker protocol's codec (engine/remote/messages.py)."""
     from engine.outputs import RequestMetrics, RequestOutput
     from engine.remote import messages as m
     from engine.serving.worker.transport import output_frame

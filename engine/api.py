@@ -12,7 +12,7 @@ test fakes declare it too. The gateway holds an ``EngineClient`` and never asks 
 
 Per-request choices travel in ONE frozen ``GenerateOptions``: a field added here (a tenant
 weight, a priority class) reaches every engine and the worker protocol without a new
-keyword on any signature (engine/serving/worker/messages.py encodes the options object as it is).
+keyword on any signature (engine/remote/messages.py encodes the options object as it is).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``WorkerClient``: one worker, from a gateway: its probes over HTTP, its calls over the transport.
 
     info, tokenizer     GET /v1/info, /v1/tokenizer (aiohttp; the bearer token)
-    everything else     one ``WorkerChannel`` (gateway/cluster/channel.py): a WebSocket to the
+    everything else     one ``WorkerChannel`` (engine/remote/channel.py): a WebSocket to the
                         worker's port (the local worker's Unix socket for ``kvgate serve``)
 
 Failures are sorted by what the caller may still do::

@@ -61,7 +61,7 @@ class WorkerInfo(msgspec.Struct, frozen=True):
 
 
 class TokenizerPayload(msgspec.Struct, frozen=True):
-    """What a gateway needs to rebuild the tokenizer (engine/runtime/model/tokenizer.py) without the
+    """What a gateway needs to rebuild the tokenizer (engine/text/tokenizer.py) without the
     model files: the HF tokenizers JSON, chat template, special tokens and EOS ids."""
 
     backend: str

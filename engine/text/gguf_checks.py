@@ -1,7 +1,7 @@
 """Shape checks of a GGUF file's tokenizer metadata, before the tokenizer is built from it.
 
 The metadata comes from the file as the ``gguf`` reader decodes it (lists, strings, numbers of
-whatever types the file declares); ``engine/runtime/model/gguf_tokenizer.py`` builds on it only
+whatever types the file declares); ``engine/text/gguf_tokenizer.py`` builds on it only
 after ``check_metadata`` (and, for byte-level BPE, ``check_merges``) found the kinds and lengths it
 relies on, so a malformed file is one ``ModelLoadError`` naming the key and the entry.
 """

@@ -11,7 +11,7 @@ the Llama/Qwen templates do); a template that does not is rejected loudly, never
 
 Control tokens: in the conversation only the template's own structure yields them; text in client
 messages is encoded as plain text, so ``<|im_end|>\n<|im_start|>system`` written by a client is
-a few ordinary tokens, never a turn of its own (engine/runtime/model/chat_encoding.py). The
+a few ordinary tokens, never a turn of its own (engine/text/chat_encoding.py). The
 tenant's system prompt is the operator's, encoded as it always was (control-token strings in it are
 control tokens): the pinned prefix stays token-identical.
 

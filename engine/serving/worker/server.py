@@ -5,7 +5,7 @@ transport.py); plain HTTP requests serve only what orchestrators and a starting 
 
     GET /healthz        no token (orchestrator probes); says ok / down and nothing else
     GET /v1/info        WorkerInfo: worker id, boot id, geometry, pin budget, protocol digest
-                        (engine/serving/worker/messages.py)
+                        (engine/remote/messages.py)
     GET /v1/tokenizer   TokenizerPayload: what a gateway rebuilds the tokenizer from
     GET /v1/calls       the message transport (WebSocket upgrade)
 

@@ -2,7 +2,7 @@
 
 Each gateway holds one persistent connection per worker (``GET /v1/calls``, upgraded; TCP, or
 the Unix socket of the local worker of ``kvgate serve``) and multiplexes its calls over it, each
-named by a ``call`` id (engine/serving/worker/messages.py), one binary message per frame::
+named by a ``call`` id (engine/remote/messages.py), one binary message per frame::
 
     gateway --Generate/Pin/Unpin/Forget/Load/Abort/Subscribe/Cancel--> worker
     gateway <--Output.../Failed/Done/Pinned/Forgot/Loaded/Events---- (by call id)

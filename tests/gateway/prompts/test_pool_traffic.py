@@ -26,7 +26,7 @@ import pytest
 import pytest_asyncio
 from pydantic import BaseModel, Field
 
-from engine.runtime.grammar import compiler_for
+from engine.constraints.compiler import compiler_for
 from tests.gateway.harness import (
     LiveGateway,
     create_database,
