@@ -55,7 +55,6 @@ class TenantState:
     active: int = 0  # unfinished requests (waiting + running)
     waiting: int = 0  # of which in the waiting queue
     served_tokens: int = 0  # real tokens computed (reports, tests)
-    served_cost: float = 0.0  # their cost, unweighted (reports, tests)
 
 
 @dataclass
@@ -100,10 +99,8 @@ class FairShare:
         """``tenant``'s chunk of ``num_tokens`` tokens at positions from ``start`` is in a step
         (``sampled``: it ends in a sampled token)."""
         state = self.tenants[tenant]
-        cost = self.cost.chunk(start, num_tokens, sampled)
-        state.counter += cost / state.weight
+        state.counter += self.cost.chunk(start, num_tokens, sampled) / state.weight
         state.served_tokens += num_tokens
-        state.served_cost += cost
 
     def counter(self, tenant: str) -> float:
         return self.tenants[tenant].counter

@@ -13,7 +13,7 @@ layers (matmul FLOPs = 2 x multiply-adds; bench/common.py's model)::
 *token equivalents* (a token with no context and no sampling costs 1) and the fair share's
 counters keep their scale: ``cost = k * per_token + keys * per_key + sampled * per_sample``.
 A decode row over a long cached context then costs what its attention costs, where counting
-tokens charged it 1 (a 5,000-token context on SmolLM2-135M's geometry: 2.9 instead of 1.3).
+tokens charged every decode 1 (SmolLM2-135M's geometry: 2.9 over 5,000 keys, 1.3 over 100).
 
 Norms, RoPE, the embedding lookup and the step's fixed cost are left out (small, or nobody's).
 FLOPs are what compute-bound steps (prefill) take; a decode step is bound by memory traffic

@@ -98,7 +98,7 @@ class TwoTenants:
             if n >= warmup:
                 tokens += got
                 spent += batch_cost(batch, cost)
-        assert all(self.sched.fair.waiting_of(t) > 0 for t in "va")  # backlogged throughout
+        assert all(self.sched.fair.waiting_of(t) > 0 for t in "va")  # both still backlogged
         return tokens / spent
 
 
