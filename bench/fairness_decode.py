@@ -196,16 +196,16 @@ def _ratios(pair: dict[str, list[dict[str, Any]]], key: str) -> dict[str, Any]:
 
 
 def goals(res: dict[str, Any]) -> dict[str, Any]:
-    """The victim's decode rate beside the long context over beside the short one (seconds),
-    with the counters charging cost (the goal: at least 0.8) and tokens (as before)."""
+    """The victim's decode rate beside the long context over beside the short one (median over
+    the repeats; the goal: at least 0.8 in wall seconds), per unit the counters charge."""
     if "decode" not in res:
         return {}
-    decode = res["decode"]
-    ratio = decode["cost"]["long_over_short_tok_s"]["median"]
-    return {
-        "decode_long_over_short": ratio,
-        "decode_long_over_short_tokens_charged": decode["tokens"]["long_over_short_tok_s"][
-            "median"
-        ],
-        "decode_at_least_0_8": ratio >= 0.8,
-    }
+    out: dict[str, Any] = {}
+    for charged in CHARGED:
+        got = res["decode"][charged]
+        for key, name in (("tok_s", ""), ("tok_per_cpu_s", "_cpu"), ("modelled", "_modelled")):
+            out[f"decode_{charged}_charged_long_over_short{name}"] = got[f"long_over_short_{key}"][
+                "median"
+            ]
+    out["decode_at_least_0_8"] = out["decode_cost_charged_long_over_short"] >= 0.8
+    return out
