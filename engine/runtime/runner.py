@@ -90,6 +90,7 @@ class ModelRunner:
         self.max_model_len = model_config.max_position_embeddings
         self.vocab_size = model_config.vocab_size
         self.eos_token_ids: tuple[int, ...] = tokenizer.eos_token_ids
+        self.step_cost = model_config.step_cost()
         self.sampler = Sampler()  # carries per-request penalty counts between steps
         self.grammar = GrammarRuntime(tokenizer, self.eos_token_ids, self.vocab_size, device)
         per_block = block_bytes(model_config, config.block_size, kv_caches[0][0].dtype)
