@@ -91,7 +91,7 @@ def vector_flags(flags: frozenset[str] | None = None) -> list[str]:
 
 
 def bf16_units(flags: frozenset[str]) -> str | None:
-    """"amx" or "avx512_bf16": the best bf16 matrix units ``flags`` name; None without."""
+    """ "amx" or "avx512_bf16": the best bf16 matrix units ``flags`` name; None without."""
     for units, needs in BF16_UNITS:
         if set(needs) <= flags:
             return units

@@ -9,6 +9,7 @@ The tests marked ``native`` run where the units exist and ``KVGATE_CPU_ISA`` lea
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import pytest
@@ -58,7 +59,7 @@ def test_slices_cover_the_input_and_stay_under_the_limit() -> None:
     for k in (1, 64, 896, ONEDNN_MAX_K, ONEDNN_MAX_K + 1, 4864, 9728, 18944):
         slices = k_slices(k)
         assert slices[0][0] == 0 and slices[-1][1] == k
-        assert all(a[1] == b[0] for a, b in zip(slices, slices[1:], strict=False))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(slices))
         assert all(0 < hi - lo <= ONEDNN_MAX_K for lo, hi in slices)
         assert all(lo % linear.K_ALIGN == 0 for lo, _ in slices)
         assert len(slices) == -(-k // ONEDNN_MAX_K)
@@ -103,14 +104,16 @@ def test_a_bf16_linear_follows_its_input_dtype_and_stays_within_bf16_rounding() 
 def test_the_bf16_path_gives_the_same_bits_on_any_thread_count(
     k: int, out: int, restore_threads: None
 ) -> None:
-    """On this CPU's path (oneDNN on bf16 units, else the reference): every thread count, and a
-    row alone or inside a batch, give the same bits."""
+    """On this CPU's path (oneDNN on bf16 units, else the reference): every thread count gives
+    the same bits. The reference also gives a row the same bits alone or inside a batch; oneDNN
+    may pick other kernels for other row counts (held within bf16's tolerance: test_bf16.py)."""
     lin = Linear(_weight(out, k))
     x = torch.randn(max(ROWS), k, generator=torch.Generator().manual_seed(4)).bfloat16()
     torch.set_num_threads(1)
     want = {m: lin(x[:m]) for m in ROWS}
     for m in ROWS:
-        assert torch.equal(want[m][:1], want[1]), f"row 0 of {m} rows differs from it alone"
+        alone = torch.equal(want[m][:1], want[1])
+        assert alone or UNITS is not None, f"row 0 of {m} rows differs from it alone"
     for threads in THREADS:
         torch.set_num_threads(threads)
         for m in ROWS:

@@ -175,6 +175,7 @@ def _block_matmul(
 
 def _cpu_matmul(weight: torch.Tensor, bias: torch.Tensor | None) -> MatMul | None:
     """The packed CPU path of a plain weight, or None (``F.linear`` then)."""
+    makes: tuple[Callable[[torch.Tensor, torch.Tensor | None], MatMul | None], ...]
     if weight.dtype == torch.float32:
         makes = (_panel_gemm, _onednn)
     elif weight.dtype == torch.bfloat16 and cpu_isa.native_bf16() is not None:
