@@ -56,6 +56,7 @@ K_ALIGN = 64
 BF16_ROUNDING = 2.0**-8  # bf16's unit roundoff (8 significant bits): its output's relative error
 
 MatMul = Callable[[torch.Tensor], torch.Tensor]  # x [m, in] -> [m, out]
+MakeMatMul = Callable[[torch.Tensor, torch.Tensor | None], MatMul | None]  # (weight, bias) -> path
 
 
 def _agrees(
@@ -118,7 +119,7 @@ def k_slices(k: int) -> list[tuple[int, int]]:
 def sliced(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    make: Callable[[torch.Tensor, torch.Tensor | None], MatMul | None],
+    make: MakeMatMul,
 ) -> MatMul | None:
     """``make``'s matmul of ``weight``, one per ``k_slices`` slice of its input features, their
     outputs summed in float32 in slice order (the bias with the first); ``make``'s own where
@@ -175,7 +176,7 @@ def _block_matmul(
 
 def _cpu_matmul(weight: torch.Tensor, bias: torch.Tensor | None) -> MatMul | None:
     """The packed CPU path of a plain weight, or None (``F.linear`` then)."""
-    makes: tuple[Callable[[torch.Tensor, torch.Tensor | None], MatMul | None], ...]
+    makes: tuple[MakeMatMul, ...]
     if weight.dtype == torch.float32:
         makes = (_panel_gemm, _onednn)
     elif weight.dtype == torch.bfloat16 and cpu_isa.native_bf16() is not None:
