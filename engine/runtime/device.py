@@ -87,7 +87,12 @@ def choose_kv_dtype(requested: str, weights: torch.dtype, device: torch.device) 
 
 
 def describe(
-    device: torch.device, dtype: torch.dtype, requested: str, kv_dtype: torch.dtype | None = None
+    device: torch.device,
+    dtype: torch.dtype,
+    requested: str,
+    kv_dtype: torch.dtype | None = None,
+    *,
+    gguf: bool = False,
 ) -> str:
     """One start-up line: device (GPU name and memory), dtype and why, and the KV cache's dtype
     where it is another (the CPU's float32 attention beside bf16 linears)."""
@@ -99,6 +104,8 @@ def describe(
         how = "configured"
     elif device.type == "cuda":
         how = "auto: bfloat16 on CUDA, float16 without bf16"
+    elif gguf:
+        how = "auto: a GGUF keeps its blocks' kernels, float32 beside them"
     else:
         units = cpu_isa.native_bf16()
         how = f"auto: bf16 units {units}" if units else "auto: no bf16 units on this CPU"

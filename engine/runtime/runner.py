@@ -117,7 +117,7 @@ class ModelRunner:
         model = load_model(model_dir, requested, str(device), blocks)
         model_config, tokenizer = model.config, model.tokenizer
         dtype = choose_kv_dtype(config.kv_dtype, model.dtype, device)  # all but the linears
-        log.info(describe(device, model.dtype, config.dtype, dtype))
+        log.info(describe(device, model.dtype, config.dtype, dtype, gguf=gguf))
         activations = ACTIVATIONS[config.weights]  # where a weight is in blocks
         decoder = Decoder(model_config, model.weights, dtype, str(device), activations=activations)
         del model  # the weights as loaded: the decoder holds what it uses

@@ -14,7 +14,14 @@ import torch
 
 import engine.runtime.runner
 from engine.config import EngineConfig
-from engine.runtime.device import bind_device, choose_dtype, choose_kv_dtype, resolve_device
+from engine.runtime import cpu_isa
+from engine.runtime.device import (
+    bind_device,
+    choose_dtype,
+    choose_kv_dtype,
+    describe,
+    resolve_device,
+)
 from engine.runtime.model.config import ModelLoadError, parse_config
 from engine.runtime.model.decoder import Decoder
 from engine.runtime.model.kv_memory import MemoryReading, block_bytes, profiled_kv_bytes
@@ -49,6 +56,13 @@ def test_auto_dtype_is_bf16_on_cuda_and_on_cpus_with_bf16_units():
     assert choose_dtype("auto", cpu, bf16_supported=lambda: False) == "float32"
     assert choose_dtype("auto", cpu, gguf=True, bf16_supported=lambda: True) == "auto"
     assert choose_dtype("bfloat16", cpu, bf16_supported=lambda: False) == "bfloat16"
+    # the start-up line says which and why
+    line = describe(cpu, torch.bfloat16, "bfloat16", torch.float32)
+    assert line == "engine device cpu, dtype bfloat16 (configured), KV cache and attention float32"
+    assert "GGUF" in describe(cpu, torch.float32, "auto", torch.float32, gguf=True)
+    units = cpu_isa.native_bf16()
+    want = f"bf16 units {units}" if units else "no bf16 units on this CPU"
+    assert describe(cpu, torch.float32, "auto", torch.float32).endswith(f"(auto: {want})")
 
 
 def test_auto_kv_dtype_is_float32_on_the_cpu_and_the_weights_dtype_on_cuda():
