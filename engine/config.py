@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 MAX_BLOCK_SIZE = 64
 WEIGHTS = ("auto", "blocks-int16", "blocks-int8", "dequantized")  # EngineConfig.weights
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # EngineConfig.dtype and kv_dtype
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,13 @@ class EngineConfig:
     kv_snapshot_dir: str | None = None  # pinned prompts' KV saved here, restored at start
     # the snapshots' MAC key (engine/runtime/snapshot_key.py); None: <kv_snapshot_dir>/snapshot.key
     kv_snapshot_key: str | None = field(default=None, repr=False)
+    # auto: CUDA bfloat16 (float16 before Ampere); CPU bfloat16 where it has bf16 matrix units
+    # (AMX-BF16, AVX512_BF16), else float32; a GGUF's blocks keep their kernels
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    # the KV cache's dtype, and with it attention's, the norms' and the residual stream's (the
+    # linears compute in ``dtype``); auto: float32 on the CPU (kvgate's C kernels) whatever
+    # ``dtype`` is, ``dtype`` on CUDA. float32 beside half weights is a CPU choice only.
+    kv_dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     # auto: a GGUF's Q4_1 / Q8_0 matrices stay in their blocks where the CPU block GEMM runs
     # (engine/runtime/model/blocks.py), float32 activations; blocks-int16 / blocks-int8: the
     # same blocks with activations rounded to int16 / int8 (as llama.cpp does) per block of 32
@@ -64,5 +71,7 @@ class EngineConfig:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}")
+        for name in ("dtype", "kv_dtype"):
+            value = getattr(self, name)
+            if value not in DTYPES:
+                raise ValueError(f"{name} must be {', '.join(DTYPES[:-1])} or float16, got {value}")

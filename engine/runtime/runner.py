@@ -32,6 +32,7 @@ from engine.runtime.cuda_graphs import (
 from engine.runtime.device import (
     bind_device,
     choose_dtype,
+    choose_kv_dtype,
     describe,
     keep_freed_heap,
     release_freed_heap,
@@ -112,9 +113,12 @@ class ModelRunner:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         blocks = config.weights != "dequantized" and qgemm.load() is not None
-        model = load_model(model_dir, choose_dtype(config.dtype, device), str(device), blocks)
-        model_config, dtype, tokenizer = model.config, model.dtype, model.tokenizer
-        log.info(describe(device, dtype, config.dtype))
+        gguf = Path(model_dir).is_file()  # load_model's rule: a file is a GGUF
+        requested = choose_dtype(config.dtype, device, gguf=gguf)
+        model = load_model(model_dir, requested, str(device), blocks)
+        model_config, tokenizer = model.config, model.tokenizer
+        dtype = choose_kv_dtype(config.kv_dtype, model.dtype, device)  # all but the linears
+        log.info(describe(device, model.dtype, config.dtype, dtype, gguf=gguf))
         activations = ACTIVATIONS[config.weights]  # where a weight is in blocks
         decoder = Decoder(model_config, model.weights, dtype, str(device), activations=activations)
         del model  # the weights as loaded: the decoder holds what it uses
