@@ -11,7 +11,7 @@ has shipped the batch and the events each as a positional array or as a map:
 
 * vLLM 0.32: the batch an array, each event a map tagged by "type" ::
 
-    [1.7e9, [{"type": "BlockStored", "block_hashes": [b"...", ...], "parent_block_hash": None,
+    [1.7e9, [{"type": "BlockStored", "block_hashes": [1376..., 7554...], "parent_block_hash": None,
               "token_ids": [...], "block_size": 128, "lora_id": None, "medium": "GPU",
               "lora_name": None, "extra_keys": [["<cache_salt>"], None]}], 0]
 
@@ -21,11 +21,12 @@ has shipped the batch and the events each as a positional array or as a map:
 
 * and a batch as a map ``{"ts": ..., "events": [...], "data_parallel_rank": 0}``.
 
-Each level is read by what its first msgpack byte says it is. Both are read here, and either may carry more than we know: unknown map keys and trailing array
-items are ignored, an event of an unknown type is skipped (counted in ``DecodedBatch.skipped``),
-so a newer vLLM that adds fields or event kinds still decodes. A block hash is ``bytes`` in vLLM
-0.32 (``ExternalBlockHash``) and was an ``int`` before; both are kept as sent. Anything else
-malformed raises ``KVEventDecodeError`` for the whole message.
+Each level is read as what its first msgpack byte says it is, and may carry more than we know:
+unknown map keys and trailing array items are ignored, an event of an unknown type is skipped
+(counted in ``EventBatch.skipped``), so a newer vLLM that adds fields or event kinds still decodes.
+A block hash is an ``int`` on vLLM 0.32's wire (an unsigned 64-bit number) and ``bytes`` in some
+releases (``ExternalBlockHash = bytes | int``); both are kept as sent. Anything else malformed
+raises ``KVEventDecodeError`` for the whole message.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@
             when it holds "*" (then the publisher, started with an endpoint without "*",
             connects to us: vLLM's rule, mirrored)
     DEALER  the publisher's replay ROUTER (always connected): ask [b"", start seq (8 bytes,
-            big-endian)], answered [b"", seq, payload] per buffered message >= start, then
-            [b"", -1 (signed), b""]
+            big-endian)], answered per buffered message >= start with [b"", topic, seq, payload]
+            (vLLM 0.32; earlier releases [b"", seq, payload]), then the same with seq -1
+            (signed) and an empty payload
     PAIR    the SUB socket's monitor: each (re)connection triggers a replay from the next
             number not yet delivered, so what was published while we were away, or before we
             started (``start_seq``), is fetched even if the server then goes quiet
@@ -39,6 +40,13 @@ from engine.remote.kv_sequence import SequenceTracker, Take, Verdict
 END_OF_REPLAY = -1
 WAKE_MS = 1000  # the stream looks at resync() requests at least this often
 _CONNECTED = zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED
+
+
+def replay_reply(frames: list[bytes]) -> tuple[int, bytes] | None:
+    """(seq, payload) of one replay answer, either layout; None when malformed."""
+    if len(frames) not in (3, 4) or frames[0] != b"" or len(frames[-2]) != 8:
+        return None
+    return int.from_bytes(frames[-2], "big", signed=True), frames[-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +190,9 @@ class KVEventSubscriber:
         async for batch in self._deliver(seq, payload, replayed=False):
             yield batch
 
-    async def _deliver(self, seq: int, payload: bytes, *, replayed: bool) -> AsyncIterator[EventBatch]:
+    async def _deliver(
+        self, seq: int, payload: bytes, *, replayed: bool
+    ) -> AsyncIterator[EventBatch]:
         take = self._tracker.take(seq)
         if take is Take.DUPLICATE:
             self.stats.duplicates += 1
@@ -210,19 +220,19 @@ class KVEventSubscriber:
         dealer = self._replay_socket()
         await dealer.send_multipart([b"", tracker.wanted().to_bytes(8, "big")])
         while True:
-            if not await dealer.poll(self._timeout_ms, zmq.POLLIN):
+            if not await dealer.poll(self._timeout_ms):  # POLLIN
                 self.stats.replay_timeouts += 1
                 dealer.close(linger=0)  # a late answer must not be read as the next one's
                 self._dealer = None
                 return
-            frames = await dealer.recv_multipart()
-            if len(frames) != 3 or len(frames[1]) != 8:
+            reply = replay_reply(await dealer.recv_multipart())
+            if reply is None:
                 self.stats.malformed += 1
                 continue
-            seq = int.from_bytes(frames[1], "big", signed=True)
+            seq, payload = reply
             if seq == END_OF_REPLAY:
                 return
-            async for batch in self._deliver(seq, frames[2], replayed=True):
+            async for batch in self._deliver(seq, payload, replayed=True):
                 yield batch
 
     def _replay_socket(self) -> zmq.asyncio.Socket:

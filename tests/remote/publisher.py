@@ -3,8 +3,9 @@
 The publisher is for what a real vLLM server cannot be made to do on demand (drop a live message,
 forget its replay buffer, restart its counter); tests/vllm checks the subscriber against a real
 server. Protocol (vLLM's ``--kv-events-config`` publisher): PUB sends [topic, seq (8 bytes,
-big-endian), msgpack batch]; a ROUTER answers [id, b"", start seq] with [id, b"", seq, payload] for
-every buffered seq >= start, then [id, b"", -1 (8 bytes, signed), b""].
+big-endian), msgpack batch]; a ROUTER answers [id, b"", start seq] with [id, b"", topic, seq,
+payload] for every buffered seq >= start, then [id, b"", topic, -1 (8 bytes, signed), b""] (before
+vLLM 0.32 without the topic frame).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class Publisher:
     sends; ``run_replay`` answers replay requests until cancelled, recording where each asked
     to start."""
 
-    def __init__(self, ctx: zmq.asyncio.Context) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, *, replay_topic: bool = True) -> None:
+        self.replay_topic = replay_topic  # vLLM 0.32 puts the topic before the number
         self.pub = ctx.socket(zmq.PUB)
         self.router = ctx.socket(zmq.ROUTER)
         for sock in (self.pub, self.router):
@@ -76,10 +78,10 @@ class Publisher:
             ident, _, start = await self.router.recv_multipart()
             first = int.from_bytes(start, "big")
             self.replay_requests.append(first)
+            head = [ident, b"", b""] if self.replay_topic else [ident, b""]
             for seq in sorted(s for s in self.buffer if s >= first):
-                frames = [ident, b"", seq.to_bytes(8, "big"), self.buffer[seq]]
-                await self.router.send_multipart(frames)
-            await self.router.send_multipart([ident, b"", END, b""])
+                await self.router.send_multipart([*head, seq.to_bytes(8, "big"), self.buffer[seq]])
+            await self.router.send_multipart([*head, END, b""])
 
     def restart(self) -> None:
         """A new publisher process: counter and buffer from zero, same ports."""

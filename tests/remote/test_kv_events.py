@@ -14,6 +14,7 @@ from engine.remote.kv_events import (
     KVEventDecodeError,
     decode_batch,
 )
+from engine.remote.kv_subscriber import replay_reply
 from tests.remote.publisher import ENCODE, batch_array, batch_map, stored_map
 
 H1, H2, H3 = b"\x01" * 32, b"\x02" * 32, b"\x03" * 32
@@ -47,7 +48,9 @@ def test_positional_arrays_of_older_releases_with_int_hashes() -> None:
     old = ["BlockStored", [11, 12], 10, TOKENS, 8, None]  # before "medium"
     newer = ["BlockStored", [13], 12, TOKENS[:8], 8, 3, "CPU", "lora-a", None]  # more trailing
     removed = ["BlockRemoved", [11]]
-    batch = decode_batch(batch_array([old, newer, removed, ["AllBlocksCleared"]]), source="s", seq=0)
+    batch = decode_batch(
+        batch_array([old, newer, removed, ["AllBlocksCleared"]]), source="s", seq=0
+    )
     assert batch.events == (
         BlockStored("s", (11, 12), 10, tuple(TOKENS), 8, None, None),
         BlockStored("s", (13,), 12, tuple(TOKENS[:8]), 8, 3, "CPU"),
@@ -69,7 +72,9 @@ def test_unknown_fields_are_ignored_and_unknown_events_skipped() -> None:
     batch = decode_batch(payload, source="s", seq=3)
     assert batch.events == (BlockStored("s", (H1,), H2, tuple(TOKENS[:8]), 8, None, "GPU"),)
     assert batch.skipped == 1
-    arrays = decode_batch(batch_array([["BlockMoved", 1, 2], ["AllBlocksCleared", 9]]), source="s", seq=4)
+    arrays = decode_batch(
+        batch_array([["BlockMoved", 1, 2], ["AllBlocksCleared", 9]]), source="s", seq=4
+    )
     assert arrays.events == (AllCleared("s"),) and arrays.skipped == 1
 
 
@@ -98,3 +103,20 @@ def test_the_event_modules_import_no_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    ("frames", "expected"),
+    [
+        ([b"", b"", (5).to_bytes(8, "big"), b"p"], (5, b"p")),  # vLLM 0.32: topic first
+        ([b"", (5).to_bytes(8, "big"), b"p"], (5, b"p")),  # earlier releases
+        ([b"", b"", (-1).to_bytes(8, "big", signed=True), b""], (-1, b"")),  # end of replay
+        ([b"x", (5).to_bytes(8, "big"), b"p"], None),  # no empty delimiter
+        ([b"", b"\x05", b"p"], None),  # not 8 bytes
+        ([b"", (5).to_bytes(8, "big")], None),  # no payload
+    ],
+)
+def test_replay_answers_in_both_layouts(
+    frames: list[bytes], expected: tuple[int, bytes] | None
+) -> None:
+    assert replay_reply(frames) == expected

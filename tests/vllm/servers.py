@@ -9,6 +9,9 @@ the model of ``model.py`` with:
   holds ``*`` or ``::`` and connects any other; ``tcp://[::1]:P`` fails, "No such device", as
   vLLM does not turn on ZMQ's IPv6 option) and its replay ROUTER on ``tcp://127.0.0.1:R``; the
   tests connect to both on loopback;
+* ``--dtype float32``: on an AVX2-only CPU (no AVX-512 BF16) oneDNN has no bfloat16 matmul
+  ("Failed to create oneDNN linear, fallback to torch linear"), and torch's bfloat16 fallback
+  prefills 300 tokens in 7.5-10 s where float32 through oneDNN takes 1.3-2.2 s (measured here);
 * ``--enforce-eager``: no torch.compile. vLLM's CPU default compiles the model with Inductor
   (C++ through g++) at start: minutes on a busy 2-core machine, for a model this small nothing
   gained;
@@ -24,6 +27,7 @@ core process), then SIGKILL after a grace period.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -37,9 +41,10 @@ from pathlib import Path
 
 from tests.vllm.env import VllmEnv
 
-READY_TIMEOUT_S = 600.0  # ~100 s on an idle 2-core host; a loaded one is slower
+READY_TIMEOUT_S = 420.0  # ~140 s measured on a busy 2-core host; below pytest-timeout (600 s)
 STOP_GRACE_S = 30.0
 MODEL_NAME = "smollm2"  # --served-model-name
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class VllmStartFailed(RuntimeError):
@@ -51,8 +56,9 @@ class ServerOptions:
     api_key: str | None = None
     priority: bool = False  # --scheduling-policy priority
     max_model_len: int = 2048
-    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE: ~46k tokens of this model in bfloat16
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE: 23,296 tokens of this model in float32
     max_num_seqs: int = 8
+    dtype: str = "float32"  # the checkpoint is bfloat16; see the module docstring
     extra_args: tuple[str, ...] = ()
 
 
@@ -139,6 +145,14 @@ class VllmServer:
             pass
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies (killed, say), so no
+    server outlives its session (Linux's PR_SET_PDEATHSIG; vLLM's engine core follows its API
+    server down)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def server_env(options: ServerOptions) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KVGATE_", "VLLM_"))}
     env.pop("PYTHONPATH", None)  # never the project's modules in vLLM's interpreter
@@ -160,6 +174,7 @@ def server_argv(env: VllmEnv, model: Path, server: VllmServer) -> list[str]:
     argv += ["--model", str(model), "--served-model-name", MODEL_NAME]
     argv += ["--host", "127.0.0.1", "--port", str(server.port)]
     argv += ["--max-model-len", str(o.max_model_len), "--max-num-seqs", str(o.max_num_seqs)]
+    argv += ["--dtype", o.dtype]
     argv += ["--enable-prefix-caching", "--enable-prompt-tokens-details", "--enforce-eager"]
     argv += ["--kv-events-config", server.kv_events_config()]
     if o.api_key is not None:
@@ -169,10 +184,14 @@ def server_argv(env: VllmEnv, model: Path, server: VllmServer) -> list[str]:
     return [*argv, *o.extra_args]
 
 
-def start(env: VllmEnv, model: Path, log_dir: Path, name: str, options: ServerOptions) -> VllmServer:
+def start(
+    env: VllmEnv, model: Path, log_dir: Path, name: str, options: ServerOptions
+) -> VllmServer:
     """Launch (do not wait): ``wait_ready`` next."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    server = VllmServer(name, free_port(), free_port(), free_port(), log_dir / f"{name}.log", options)
+    server = VllmServer(
+        name, free_port(), free_port(), free_port(), log_dir / f"{name}.log", options
+    )
     server.argv = server_argv(env, model, server)
     with server.log_path.open("wb") as log:
         server.process = subprocess.Popen(
@@ -183,6 +202,7 @@ def start(env: VllmEnv, model: Path, log_dir: Path, name: str, options: ServerOp
             env=server_env(options),
             cwd=log_dir,
             start_new_session=True,  # its own process group: stop() reaches the engine core
+            preexec_fn=_die_with_parent,
         )
     server.started_at = time.monotonic()
     return server
@@ -210,7 +230,9 @@ def wait_ready(server: VllmServer, timeout_s: float = READY_TIMEOUT_S) -> None:
             return
         time.sleep(1.0)
     server.stop()
-    raise VllmStartFailed(f"{server.name}: no /health within {timeout_s:.0f} s:\n{server.log_tail()}")
+    raise VllmStartFailed(
+        f"{server.name}: no /health within {timeout_s:.0f} s:\n{server.log_tail()}"
+    )
 
 
 def start_servers(

@@ -47,8 +47,7 @@ def test_logprobs_shape_with_token_ids(vllm_server: VllmServer, prompt: list[int
 def test_a_seed_repeats_a_sampled_answer(vllm_server: VllmServer, prompt: list[int]) -> None:
     c = client(vllm_server, API_KEY)
     runs = [
-        stream(c, prompt, max_tokens=12, temperature=1.0, seed=seed).token_ids
-        for seed in (7, 7, 8)
+        stream(c, prompt, max_tokens=12, temperature=1.0, seed=seed).token_ids for seed in (7, 7, 8)
     ]
     assert runs[0] == runs[1] and len(runs[0]) == 12
     assert runs[2] != runs[0]  # 12 tokens at temperature 1: equal by chance is negligible

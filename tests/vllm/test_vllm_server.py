@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 from engine.runtime.model.tokenizer import Tokenizer
 from tests.vllm.conftest import API_KEY
-from tests.vllm.probes import BLOCK, cached_tokens, client, random_ids, salt, stream
+from tests.vllm.probes import BLOCK, cached_tokens, client, http, random_ids, salt, stream
 from tests.vllm.servers import MODEL_NAME, VllmServer
 
 CHAT = [
@@ -28,7 +27,21 @@ def test_the_api_key_is_required(vllm_server: VllmServer) -> None:
         client(vllm_server, "wrong-key").models.list()
     models = client(vllm_server, API_KEY).models.list()
     assert [m.id for m in models.data] == [MODEL_NAME]
-    assert httpx.get(vllm_server.base_url + "/health").status_code == 200  # no key needed
+    # --api-key guards /v1/* only: vLLM's own routes answer without it (never expose vLLM's
+    # port beyond the gateway)
+    assert http(vllm_server, "/health")[0] == 200
+    tokenize = {"model": MODEL_NAME, "prompt": "hi", "add_special_tokens": False}
+    assert http(vllm_server, "/tokenize", tokenize)[0] == 200
+
+
+def test_kv_event_sources_names_the_publisher(vllm_server: VllmServer) -> None:
+    """vLLM 0.32 lists its publishers (one per data-parallel rank) as configured."""
+    status, sources = http(vllm_server, "/kv_event_sources")
+    assert status == 200
+    assert list(sources) == ["0"]
+    assert sources["0"]["endpoint"] == f"tcp://*:{vllm_server.kv_port}"
+    assert sources["0"]["replay_endpoint"] == vllm_server.replay_endpoint
+    assert sources["0"]["buffer_steps"] == 10_000
 
 
 def test_kvgate_and_vllm_tokenize_a_chat_identically(
@@ -38,14 +51,12 @@ def test_kvgate_and_vllm_tokenize_a_chat_identically(
     ours = Tokenizer.from_pretrained(vllm_model)
     expected = ours.encode(ours.apply_chat_template(CHAT))
     body = {"model": MODEL_NAME, "messages": CHAT, "add_generation_prompt": True}
-    headers = {"Authorization": f"Bearer {API_KEY}"}
-    reply = httpx.post(vllm_server.base_url + "/tokenize", json=body, headers=headers)
-    assert reply.status_code == 200, reply.text
-    assert reply.json()["tokens"] == expected
+    status, reply = http(vllm_server, "/tokenize", body, API_KEY)
+    assert status == 200, reply
+    assert reply["tokens"] == expected
     text = "Plain text, no template: naïve 🚀 résumé."
     body = {"model": MODEL_NAME, "prompt": text, "add_special_tokens": False}
-    reply = httpx.post(vllm_server.base_url + "/tokenize", json=body, headers=headers)
-    assert reply.json()["tokens"] == ours.encode(text)
+    assert http(vllm_server, "/tokenize", body, API_KEY)[1]["tokens"] == ours.encode(text)
 
 
 def test_cache_salt_scopes_cached_tokens_to_whole_blocks(vllm_server: VllmServer) -> None:
@@ -78,24 +89,37 @@ def test_the_salt_is_in_every_block_not_only_the_first(vllm_server: VllmServer) 
     assert cached_tokens(same) == 3 * BLOCK
 
 
-def test_structured_outputs_field_constrains_a_token_id_completion(
-    vllm_server: VllmServer, vllm_model: Path
+SCHEMA = {
+    "type": "object",
+    "properties": {"open": {"type": "boolean"}},
+    "required": ["open"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"structured_outputs": {"json": SCHEMA}},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": SCHEMA},
+            }
+        },
+    ],
+    ids=["structured_outputs", "response_format"],
+)
+def test_a_json_schema_constrains_a_token_id_completion(
+    vllm_server: VllmServer, vllm_model: Path, field: dict[str, object]
 ) -> None:
-    schema = {
-        "type": "object",
-        "properties": {"open": {"type": "boolean"}, "hours": {"type": "integer"}},
-        "required": ["open", "hours"],
-        "additionalProperties": False,
-    }
+    """Both of vLLM 0.32's fields hold a completion to a JSON schema."""
     ours = Tokenizer.from_pretrained(vllm_model)
     prompt = ours.encode(ours.apply_chat_template(CHAT))
-    c = client(vllm_server, API_KEY)
-    result = stream(
-        c, prompt, max_tokens=60, extra_body={"structured_outputs": {"json": schema}}
-    )
+    result = stream(client(vllm_server, API_KEY), prompt, max_tokens=30, extra_body=field)
+    assert result.finish_reason == "stop", result.text
     value = json.loads(result.text)
-    assert set(value) == {"open", "hours"} and isinstance(value["open"], bool)
-    assert result.finish_reason == "stop"
+    assert list(value) == ["open"] and isinstance(value["open"], bool)
 
 
 def test_the_old_guided_json_field_is_ignored(vllm_server: VllmServer) -> None:
@@ -105,6 +129,15 @@ def test_the_old_guided_json_field_is_ignored(vllm_server: VllmServer) -> None:
     stream(c, random_ids(8), max_tokens=2, extra_body={"guided_json": {"type": "object"}})
     log = vllm_server.log_path.read_text(errors="replace")
     assert "guided_json" in log and "ignored" in log
+
+
+def test_start_figures(vllm_server: VllmServer) -> None:
+    """Time to ready and resident memory (API server, engine core, worker, 1 GiB of KV cache):
+    two servers and the rest of the suite must fit the 24 GiB machine."""
+    rss = vllm_server.rss_bytes()
+    print(f"vLLM ready in {vllm_server.ready_s:.0f} s, resident {rss / 2**30:.2f} GiB")
+    assert 0 < rss < 6 * 2**30
+    assert vllm_server.ready_s > 0
 
 
 def test_priority_is_accepted_under_the_priority_policy(vllm_server: VllmServer) -> None:
