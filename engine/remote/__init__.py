@@ -1,0 +1,1 @@
+"""Engines the gateway reaches over the network and does not run itself (vLLM servers)."""
