@@ -29,7 +29,11 @@ serve: $(STAMP)
 # tests, model parity with transformers (tests/engine/model), logprobs, determinism and
 # the async engine. The real default model's parity test (tests/e2e) stays in the first pass only:
 # it takes minutes, and tests/engine/model checks the same decoder and GGUF dequantization.
+# bf16: on a CPU with bf16 units (AMX-BF16, AVX512_BF16) the first pass tests oneDNN's bf16
+# linears and the bf16 model (test_cpu_bf16.py, tests/engine/model/test_bf16.py); this pass,
+# where avx2 turns the units off, tests the bf16 reference (F.linear) those hosts fall back to.
 CPU_ISA_TESTS := tests/kernels/test_cpu_gemm.py tests/kernels/test_cpu_qgemm.py \
+	tests/kernels/test_cpu_bf16.py \
 	tests/kernels/test_cpu_ops.py tests/kernels/test_cpu_layers.py tests/engine/model \
 	tests/engine/test_sampling_engine.py tests/engine/test_determinism.py \
 	tests/engine/test_async_engine.py

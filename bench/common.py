@@ -7,7 +7,8 @@ FLOP model of one forward (matmul FLOPs = 2 x multiply-adds), per layer and toke
     attn    2 * 2 * heads * d * (p + 1)                      (Q K^T and P V)
     logits  2 * h * vocab                                    only for tokens that sample
 
-The FLOP-ideal ratio of prefix reuse divides the FLOPs of the uncached tokens (attending to the
+The same model prices the fair share's chunks (engine/core/step_cost.py, whose functions compute
+it). The FLOP-ideal ratio of prefix reuse divides the FLOPs of the uncached tokens (attending to the
 cached prefix) by the FLOPs of the whole prompt.
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.models import QWEN25_05B, Geometry
+from engine.core import step_cost
 
 RESULTS_DIR = Path(__file__).parent / "results"
 
@@ -40,9 +42,7 @@ def model_dir(layers: int, explicit: Path | None = None) -> Path:
 
 
 def linear_flops(g: Geometry) -> int:
-    d = g.head_dim
-    q, kv = g.heads * d, g.kv_heads * d
-    return 2 * (g.hidden * (q + 2 * kv) + q * g.hidden + 3 * g.hidden * g.intermediate)
+    return step_cost.linear_flops(g.hidden, g.heads, g.kv_heads, g.head_dim, g.intermediate)
 
 
 def prefill_flops(
@@ -51,7 +51,7 @@ def prefill_flops(
     """FLOPs to compute tokens [start, end) with tokens [0, start) already cached."""
     n = end - start
     keys = (start + 1 + end) * n / 2  # sum of (p + 1) for p in [start, end)
-    attn = 2 * 2 * g.heads * g.head_dim * keys
+    attn = step_cost.attention_flops_per_key(g.heads, g.head_dim) * keys
     return layers * (n * linear_flops(g) + attn) + sampled * 2 * g.hidden * g.vocab
 
 

@@ -11,8 +11,9 @@ first ``--weights-steps`` steps once all three have arrived (counted in steps, n
 request holds its slot for a prefill and ``--a-output`` decode steps, and a window of one such
 lifetime measures how the first slots fell, not the weights; the VTC bound is about one
 request's tokens, so the ratio settles once a tenant has been served many requests).
-``--only weights`` runs that part alone and updates its entry in an existing ``--out`` file,
-keeping the other results.
+Then a victim's decode rate beside a tenant decoding over a long cached context vs a short one
+(bench/fairness_decode.py). ``--only weights`` / ``--only decode`` runs that part alone and
+updates its entries in an existing ``--out`` file, keeping the other results.
 Reported: B's TTFT p50/p99 and end-to-end latency, tokens/s per tenant (prompt + output tokens
 computed for it, client side), total, and the engine's step time. Times are wall clock on a
 shared machine; the ratios side by side are what to read.
@@ -32,6 +33,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from bench import fairness_decode
 from bench.common import RESULTS_DIR, environment, model_dir, percentile, print_table, write_json
 from bench.models import QWEN25_05B
 from engine.params import SamplingParams
@@ -55,23 +57,20 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--weights-long-steps", type=int, default=600, help="the same, long outputs")
     p.add_argument("--weights-repeats", type=int, default=3)
     p.add_argument("--weights-timeout", type=float, default=900.0, help="seconds at most")
-    p.add_argument("--only", choices=["all", "weights"], default="all")
+    p.add_argument("--only", choices=["all", "weights", "decode"], default="all")
     p.add_argument("--weights-seqs", type=int, default=12, help="max_num_seqs of that run")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--model-dir", type=Path, default=None)
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "fairness.json")
+    fairness_decode.add_args(p)
     return p.parse_args(list(argv))
 
 
 def _engine(args: argparse.Namespace, scheduling: str, **extra: Any) -> AsyncEngine:
     aeng = AsyncEngine.from_pretrained(
         model_dir(args.layers, args.model_dir),
-        block_size=args.block_size,
-        device="cpu",
-        dtype="float32",
-        kv_cache_bytes=4096 * 2 * args.layers * args.block_size * 128 * 4,
-        max_num_batched_tokens=args.budget,
+        **fairness_decode.engine_options(args),
         fair_prefill_tokens=args.fair_prefill,
         fair_decode_rows=args.fair_decode_rows,
         scheduling=scheduling,
@@ -321,10 +320,15 @@ def main(argv: Sequence[str]) -> int:
         "weights": dict(WEIGHTS), "concurrency_per_tenant": 16, "max_num_seqs": args.weights_seqs,
         **{name: case._asdict() for name, case in _cases(args).items()},
     }  # fmt: skip
-    print(config if args.only == "all" else weights_config, flush=True)
+    decode_config = fairness_decode.config(args)
+    parts = {"all": config, "weights": weights_config, "decode": decode_config}
+    print(parts[args.only], flush=True)
     if args.only == "weights":
-        return _weights_only(args, weights_config)
+        return _only(args, "weights", weights_config, asyncio.run(_weights_run(args)))
+    if args.only == "decode":
+        return _only(args, "decode", decode_config, {"decode": fairness_decode.measure(args)})
     res = asyncio.run(measure(args))
+    res["decode"] = fairness_decode.measure(args)
     rows = []
     for name in ("b_alone", "fcfs", "fair"):
         r = res[name]
@@ -339,11 +343,13 @@ def main(argv: Sequence[str]) -> int:
         "b_p99_fair_over_fcfs": fair["b_ttft_p99"] / fcfs["b_ttft_p99"],
         "total_fair_over_fcfs": fair["total_tok_s"] / fcfs["total_tok_s"],
         **_weights_goals(res),
+        **fairness_decode.goals(res),
     }
     print(goals, flush=True)
     write_json(
         args.out,
-        {"benchmark": "fairness", "config": {**config, "weights": weights_config},
+        {"benchmark": "fairness",
+         "config": {**config, "weights": weights_config, "decode": decode_config},
          "environment": environment(args.threads), "results": res, "goals": goals},
     )  # fmt: skip
     try:
@@ -363,18 +369,19 @@ def _weights_goals(res: dict[str, Any]) -> dict[str, Any]:
     return goals
 
 
-def _weights_only(args: argparse.Namespace, weights_config: dict[str, Any]) -> int:
-    """Run the weights scenarios alone; their entries in ``--out`` are replaced, the rest kept
-    (``weights_environment`` says where this run was made)."""
-    weights = asyncio.run(_weights_run(args))
+def _only(
+    args: argparse.Namespace, part: str, part_config: dict[str, Any], results: dict[str, Any]
+) -> int:
+    """One part run alone (``--only``): its entries in ``--out`` are replaced, the rest kept
+    (``<part>_environment`` says where this run was made)."""
     doc = json.loads(args.out.read_text(encoding="utf-8")) if args.out.exists() else {}
     doc.setdefault("benchmark", "fairness")
-    doc.setdefault("config", {})["weights"] = weights_config
-    doc.setdefault("results", {}).update(weights)
-    doc["weights_environment"] = environment(args.threads)
+    doc.setdefault("config", {})[part] = part_config
+    doc.setdefault("results", {}).update(results)
+    doc[f"{part}_environment"] = environment(args.threads)
     goals = doc.setdefault("goals", {})
     goals.pop("weights_ratio", None)  # the earlier name of weights_1_2_4_ratio
-    goals.update(_weights_goals(doc["results"]))
+    goals.update({**_weights_goals(doc["results"]), **fairness_decode.goals(doc["results"])})
     write_json(args.out, doc)
     return 0
 

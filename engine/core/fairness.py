@@ -1,16 +1,22 @@
 """Per-tenant fair share for the scheduler: Virtual Token Counters (no torch).
 
 VTC (Sheng et al., "Fairness in Serving Large Language Models", OSDI 2024): every tenant has a
-counter of the service it received, in *virtual* tokens (tokens computed / the tenant's weight).
+counter of the service it received, in *virtual* tokens (the cost of what was computed for it,
+in token equivalents, / the tenant's weight; the paper charges a function of the input and
+output token counts, this one the FLOPs the chunk takes, context included).
 The scheduler admits from the waiting queue the request of the tenant with the lowest counter
 and preempts from the tenant with the highest one; whoever is waiting is served (work
 conserving), so a lone tenant gets the whole engine and backlogged tenants converge to service
 proportional to their weights.
 
-What counts: every token that goes through the model for the tenant, prefill chunks and decode
-tokens alike, charged when the scheduler puts it into a step (a scheduled chunk always runs).
-Tokens attached from the prefix cache cost no compute and are not charged; a preempted request's
-recompute is charged (it is compute the tenant's request really takes).
+What counts: what every chunk the scheduler puts into a step costs the model for the tenant
+(``StepCost``, engine/core/step_cost.py: FLOPs of the model's geometry in token equivalents),
+charged when it is scheduled (a scheduled chunk always runs): its tokens, the keys each of them
+attends to (a cached prefix included) and the LM head of a sampled token. Tokens attached from the
+prefix cache are not computed, so not charged as tokens; every chunk and decode that reads them
+pays for reading them, so a tenant decoding over a long cached context is charged what that
+costs, not 1 per token like a tenant with a short one. A preempted request's recompute is
+charged (it is compute the tenant's request really takes).
 
 Counters steer every place service is handed out, not only admission: a step's budget is split
 over decodes, prefill chunks and admissions by counter (``plan_step``), and when the running
@@ -36,6 +42,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
+from engine.core.step_cost import StepCost
+
 Priority = Literal["interactive", "batch"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "batch")
 
@@ -43,7 +51,7 @@ PRIORITIES: tuple[Priority, ...] = ("interactive", "batch")
 @dataclass
 class TenantState:
     weight: float = 1.0
-    counter: float = 0.0  # virtual tokens served
+    counter: float = 0.0  # virtual service: cost (token equivalents) / weight
     active: int = 0  # unfinished requests (waiting + running)
     waiting: int = 0  # of which in the waiting queue
     served_tokens: int = 0  # real tokens computed (reports, tests)
@@ -51,9 +59,11 @@ class TenantState:
 
 @dataclass
 class FairShare:
-    """The counters; the scheduler calls ``arrive``/``depart``/``charge`` and reads the rest."""
+    """The counters; the scheduler calls ``arrive``/``depart``/``charge`` and reads the rest.
+    ``cost``: what a chunk costs (the runner's model; counting tokens by default)."""
 
     tenants: dict[str, TenantState] = field(default_factory=dict)
+    cost: StepCost = field(default_factory=StepCost)
 
     def arrive(self, tenant: str, weight: float) -> None:
         """A request of ``tenant`` entered the scheduler (``weight``: the latest one wins)."""
@@ -85,9 +95,11 @@ class FairShare:
     def requeued(self, tenant: str) -> None:
         self.tenants[tenant].waiting += 1
 
-    def charge(self, tenant: str, num_tokens: int) -> None:
+    def charge(self, tenant: str, num_tokens: int, start: int = 0, sampled: bool = False) -> None:
+        """``tenant``'s chunk of ``num_tokens`` tokens at positions from ``start`` is in a step
+        (``sampled``: it ends in a sampled token)."""
         state = self.tenants[tenant]
-        state.counter += num_tokens / state.weight
+        state.counter += self.cost.chunk(start, num_tokens, sampled) / state.weight
         state.served_tokens += num_tokens
 
     def counter(self, tenant: str) -> float:
@@ -218,14 +230,16 @@ def underserved(
 
 class Want(NamedTuple):
     """A request's claim on a step: ``need`` tokens (1 for a decode; a waiting request's whole
-    prompt, its cached prefix not known yet), ``late``: batch and not aged (served after the
-    tenant's interactive work)."""
+    prompt, its cached prefix not known yet) from position ``start`` (what they attend to: a
+    decode's context), ``late``: batch and not aged (served after the tenant's interactive
+    work)."""
 
     request_id: str
     tenant: str
     late: bool
     need: int
     waiting: bool
+    start: int = 0
 
 
 def plan_step(
@@ -239,7 +253,8 @@ def plan_step(
 ) -> tuple[dict[str, int], int]:
     """Split a step's ``budget`` by virtual counter over running requests (decodes and prefill
     chunks alike) and waiting ones (at most ``free_slots`` of them): the least served tenant's
-    next claim gets what it needs, its counter advanced by that as the step will charge it,
+    next claim gets what it needs (tokens of the budget), its counter advanced by what that
+    costs as the step will charge it (``fair.cost``: a decode over a long context costs more),
     then the least served again. A tenant's claims go interactive before batch, running before
     waiting, each in the order given (admission order, queue order). So when the budget is
     short the tokens go to the tenants that are behind, not to the oldest admissions.
@@ -279,7 +294,7 @@ def plan_step(
                 allow[w.request_id] = give
             budget -= give
             cap -= give if capped else 0
-            virtual += give / fair.tenants[tenant].weight
+            virtual += fair.cost.chunk(w.start, give, give == w.need) / fair.tenants[tenant].weight
         if q:
             heapq.heappush(heap, (q[-1][0], virtual, q[-1][2], tenant))
     return allow, cap
@@ -291,17 +306,17 @@ def slot_victim(
     running: Sequence[FairRequest],
     step: int,
     max_wait_steps: int,
-    costs: Callable[[FairRequest], int],
+    costs: Callable[[FairRequest], float],
 ) -> FairRequest | None:
     """Every running slot is taken and a tenant behind the others waits: the running request to
     preempt so that it gets a slot now, or None. Without this a tenant holding many slots keeps
     decoding in all of them whatever its counter, and the slots change hands only as requests
     finish. The victim is ``pick_victim``'s among the other tenants' running requests, and only
     if the counters differ by more than the waiting request's and the victim's costs together
-    (``costs``: tokens each takes at most, a preempted victim recomputing what the prefix cache
-    no longer holds): after the swap the waiting tenant is still the less served, so the slot
-    is never traded back and forth, and a gap that one request's turnover closes is left to
-    admission (preemption is rare: it costs recompute)."""
+    (``costs``: what each takes at most, in the counters' unit, a preempted victim recomputing
+    what the prefix cache no longer holds): after the swap the waiting tenant is still the less
+    served, so the slot is never traded back and forth, and a gap that one request's turnover
+    closes is left to admission (preemption is rare: it costs recompute)."""
     heads_ = [r for _, r in heads(waiting) if is_eligible(r, step, max_wait_steps)]
     if not heads_:
         return None

@@ -36,7 +36,9 @@ step, so the waiting request is admitted and computed in this short step; when e
 than both requests cost, one request of the latter is preempted for it (``slot_victim``: slots
 follow the counters, not only finishing requests); and blocks are grown least served first, so
 the victim of a KV preemption is the running request of a batch class / the highest counter /
-the newest admission, in that order.
+the newest admission, in that order. The counters charge what each scheduled chunk costs the
+model (``cost``: tokens, the keys they attend to, sampling; engine/core/step_cost.py), so a
+decode over a long cached context weighs what it takes, not one token.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from engine.core.fairness import FairShare
 from engine.core.kv import Allocation, Handoff, PrefixCache, PriorityRange
 from engine.core.request import Request, RequestStatus
 from engine.core.sched_integrity import check_scheduler
+from engine.core.step_cost import StepCost
 from engine.errors import GrammarRejected, PromptTooLong
 from engine.outputs import FinishReason, RequestOutput, TokenLogprob
 
@@ -74,7 +77,9 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: Iterable[int] = (),
         clock: Callable[[], float] = time.monotonic,
+        cost: StepCost | None = None,
     ) -> None:
+        """``cost``: what a chunk costs the model (the runner's geometry); None counts tokens."""
         self.config = config
         self.cache = cache
         self.block_size = config.block_size
@@ -88,7 +93,8 @@ class Scheduler:
         self._admit_counter = itertools.count()
         self._outputs: list[RequestOutput] = []  # produced outside update(); drained by it
         self.num_preemptions = 0
-        self.fair = FairShare()  # counted under both policies (reports); used by "fair"
+        # counted under both policies (reports); used by "fair"
+        self.fair = FairShare(cost=cost or StepCost())
         self.is_fair = config.scheduling == "fair"
         self.policy = FairPolicy(config, self.fair)
         self.num_steps = 0
@@ -316,7 +322,8 @@ class Scheduler:
         end = start + num_new
         assert len(req.block_table) * self.block_size >= end
         scheduled[req.request_id] = end
-        self.fair.charge(req.tenant, num_new)  # computed tokens only: a cached prefix is free
+        # its tokens and what they attend to: a cached prefix is not computed, but it is read
+        self.fair.charge(req.tenant, num_new, start, end == req.num_tokens)
         if req.first_scheduled_time is None:
             req.first_scheduled_time = now
         return ScheduledSeq(

@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import torch
 
+from engine.runtime import cpu_isa
+
 log = logging.getLogger(__name__)
 
 
@@ -45,27 +47,76 @@ def bind_device(
 
 
 def choose_dtype(
-    requested: str, device: torch.device, *, bf16_supported: Callable[[], bool] | None = None
+    requested: str,
+    device: torch.device,
+    *,
+    gguf: bool = False,
+    bf16_supported: Callable[[], bool] | None = None,
 ) -> str:
-    """EngineConfig.dtype for loading: ``auto`` on CUDA is bfloat16, or float16 on GPUs without
-    bfloat16 (before Ampere); on the CPU ``auto`` still follows the checkpoint."""
-    if requested != "auto" or device.type != "cuda":
+    """EngineConfig.dtype for loading. ``auto``: on CUDA bfloat16, or float16 on GPUs without
+    bfloat16 (before Ampere); on the CPU bfloat16 where the CPU has bf16 matrix units (AMX-BF16
+    or AVX512_BF16: ``cpu_isa.native_bf16``), else float32, whatever dtype the checkpoint was
+    saved in; a GGUF file stays ``auto`` (its Q4_1 / Q8_0 blocks keep their own kernels, the
+    rest is float32). ``bf16_supported`` is injectable for tests."""
+    if requested != "auto":
         return requested
-    supported = bf16_supported or torch.cuda.is_bf16_supported
-    return "bfloat16" if supported() else "float16"
+    if device.type == "cuda":
+        supported = bf16_supported or torch.cuda.is_bf16_supported
+        return "bfloat16" if supported() else "float16"
+    if gguf:
+        return "auto"
+    supported = bf16_supported or (lambda: cpu_isa.native_bf16() is not None)
+    return "bfloat16" if supported() else "float32"
 
 
-def describe(device: torch.device, dtype: torch.dtype, requested: str) -> str:
-    """One start-up line: device (GPU name and memory), dtype and why."""
+def choose_kv_dtype(requested: str, weights: torch.dtype, device: torch.device) -> torch.dtype:
+    """EngineConfig.kv_dtype -> the dtype of the KV cache, attention, norms and the residual
+    stream. ``auto``: float32 on the CPU (bf16 weights meet float32 activations in their linears,
+    and everything between the linears runs on kvgate's float32 C kernels: the same bits on any
+    thread count), the weights' dtype on CUDA. ValueError for float32 beside half weights on
+    CUDA (its kernels take one dtype) or for a half dtype other than the weights'."""
+    if requested == "auto":
+        return torch.float32 if device.type == "cpu" else weights
+    chosen: torch.dtype = getattr(torch, requested)
+    if chosen == weights or (chosen == torch.float32 and device.type == "cpu"):
+        return chosen
+    raise ValueError(
+        f"kv_dtype {requested} beside {_name(weights)} weights: use auto, {_name(weights)}"
+        + (", or float32" if device.type == "cpu" else "")
+    )
+
+
+def describe(
+    device: torch.device,
+    dtype: torch.dtype,
+    requested: str,
+    kv_dtype: torch.dtype | None = None,
+    *,
+    gguf: bool = False,
+) -> str:
+    """One start-up line: device (GPU name and memory), dtype and why, and the KV cache's dtype
+    where it is another (the CPU's float32 attention beside bf16 linears)."""
     where = str(device)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         where = f"{device} ({props.name}, {props.total_memory / 2**30:.0f} GiB)"
     if requested != "auto":
         how = "configured"
+    elif device.type == "cuda":
+        how = "auto: bfloat16 on CUDA, float16 without bf16"
+    elif gguf:
+        how = "auto: a GGUF keeps its blocks' kernels, float32 beside them"
     else:
-        how = "auto: bfloat16 on CUDA, float16 without bf16" if device.type == "cuda" else "auto"
-    return f"engine device {where}, dtype {str(dtype).removeprefix('torch.')} ({how})"
+        units = cpu_isa.native_bf16()
+        how = f"auto: bf16 units {units}" if units else "auto: no bf16 units on this CPU"
+    line = f"engine device {where}, dtype {_name(dtype)} ({how})"
+    if kv_dtype is not None and kv_dtype != dtype:
+        line += f", KV cache and attention {_name(kv_dtype)}"
+    return line
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _glibc(symbol: str) -> Callable[..., object] | None:

@@ -32,6 +32,7 @@ from engine.runtime.cuda_graphs import (
 from engine.runtime.device import (
     bind_device,
     choose_dtype,
+    choose_kv_dtype,
     describe,
     keep_freed_heap,
     release_freed_heap,
@@ -91,6 +92,7 @@ class ModelRunner:
         self.max_model_len = model_config.max_position_embeddings
         self.vocab_size = model_config.vocab_size
         self.eos_token_ids: tuple[int, ...] = tokenizer.eos_token_ids
+        self.step_cost = model_config.step_cost()
         self.sampler = Sampler()  # carries per-request penalty counts between steps
         self.grammar = GrammarRuntime(tokenizer, self.eos_token_ids, self.vocab_size, device)
         per_block = block_bytes(model_config, config.block_size, kv_caches[0][0].dtype)
@@ -112,9 +114,12 @@ class ModelRunner:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         blocks = config.weights != "dequantized" and qgemm.load() is not None
-        model = load_model(model_dir, choose_dtype(config.dtype, device), str(device), blocks)
-        model_config, dtype, tokenizer = model.config, model.dtype, model.tokenizer
-        log.info(describe(device, dtype, config.dtype))
+        gguf = Path(model_dir).is_file()  # load_model's rule: a file is a GGUF
+        requested = choose_dtype(config.dtype, device, gguf=gguf)
+        model = load_model(model_dir, requested, str(device), blocks)
+        model_config, tokenizer = model.config, model.tokenizer
+        dtype = choose_kv_dtype(config.kv_dtype, model.dtype, device)  # all but the linears
+        log.info(describe(device, model.dtype, config.dtype, dtype, gguf=gguf))
         activations = ACTIVATIONS[config.weights]  # where a weight is in blocks
         decoder = Decoder(model_config, model.weights, dtype, str(device), activations=activations)
         del model  # the weights as loaded: the decoder holds what it uses

@@ -74,6 +74,9 @@ class Snapshots:
             return None
         model, tokenizer = fingerprint(model_path)
         k0 = runner.kv_caches[0][0]
+        linears = runner.decoder.lm_head.dtype  # the dtype the linears compute in
+        if linears != k0.dtype:  # K/V computed by bf16 linears beside a float32 cache
+            model = f"{model}+{str(linears).removeprefix('torch.')}-linears"
         identity = ModelIdentity(
             model=model,
             tokenizer=tokenizer,

@@ -95,6 +95,7 @@ class EngineCore:
             max_model_len=runner.max_model_len,
             eos_token_ids=runner.eos_token_ids,
             clock=clock,
+            cost=runner.step_cost,
         )
         self.vocab_size = int(runner.vocab_size)
         self.num_model_tokens = 0  # tokens that went through the model (all steps)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from engine.core.batch import Sampled, ScheduledBatch
 from engine.core.kv.transfers import TransferPlan
+from engine.core.step_cost import StepCost
 
 if TYPE_CHECKING:
     from engine.text.tokenizer import Tokenizer  # the runtime: loaded with the runner
@@ -35,6 +36,11 @@ class Runner(Protocol):
 
     @property
     def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def step_cost(self) -> StepCost:
+        """What a scheduled chunk costs this model (its geometry): the fair share's unit."""
+        ...
 
     def execute(self, batch: ScheduledBatch) -> Sequence[Sampled | None]:
         """One sampled token per sequence of ``batch`` (None where it does not sample)."""

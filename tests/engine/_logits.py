@@ -74,8 +74,15 @@ def assert_logprobs_close(got: Sequence[TokenLogprob], want: Sequence[TokenLogpr
 
 
 def fresh_engine(model_dir: Path, reuse: bool = False) -> Engine:
+    """The float32 path (``dtype=auto`` would be bfloat16 on a CPU with bf16 units), whose
+    tolerances ``LOGITS_ATOL`` / ``LOGPROB_ATOL`` are."""
     return Engine.from_pretrained(
-        model_dir, block_size=16, kv_cache_bytes=64 << 20, enable_prefix_reuse=reuse, device="cpu"
+        model_dir,
+        block_size=16,
+        kv_cache_bytes=64 << 20,
+        enable_prefix_reuse=reuse,
+        device="cpu",
+        dtype="float32",
     )
 
 

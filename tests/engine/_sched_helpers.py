@@ -17,6 +17,7 @@ from engine.core.kv import PrefixCache
 from engine.core.options import GenerateOptions
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
+from engine.core.step_cost import StepCost
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
 
@@ -81,11 +82,12 @@ def make_scheduler(
     *,
     enable_reuse: bool = True,
     max_model_len: int = 4096,
+    cost: StepCost | None = None,
     **config: object,
 ) -> Scheduler:
     cfg = EngineConfig(block_size=block_size, enable_prefix_reuse=enable_reuse, **config)  # type: ignore[arg-type]
     cache = PrefixCache(num_blocks, block_size, enable_reuse=enable_reuse)
-    return Scheduler(cfg, cache, max_model_len=max_model_len, eos_token_ids=[EOS])
+    return Scheduler(cfg, cache, max_model_len=max_model_len, eos_token_ids=[EOS], cost=cost)
 
 
 def make_request(

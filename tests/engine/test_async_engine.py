@@ -26,11 +26,14 @@ PROMPT = [11, 22, 33, 44, 55, 66, 77, 88, 99]
 
 
 def make_async(num_blocks: int = 256, **overrides: object) -> AsyncEngine:
+    """float32 (``dtype=auto`` is bf16 on a CPU with bf16 units): these tests compare tokens
+    across batches and cache states, which the float32 path computes bitwise."""
     return AsyncEngine.from_pretrained(
         tiny_model_dir(),
         block_size=4,
         kv_cache_bytes=kv_bytes(num_blocks, 4),
         device="cpu",
+        dtype="float32",
         **overrides,
     )
 
@@ -55,7 +58,9 @@ async def wait_idle(aeng: AsyncEngine) -> None:
 
 
 async def test_streams_deltas_matching_the_sync_engine() -> None:
-    sync = Engine.from_pretrained(tiny_model_dir(), block_size=4, kv_cache_bytes=kv_bytes(64, 4))
+    sync = Engine.from_pretrained(
+        tiny_model_dir(), block_size=4, kv_cache_bytes=kv_bytes(64, 4), dtype="float32"
+    )
     expected = [sync.generate([PROMPT[: 5 + i]], greedy(8))[0].token_ids for i in range(3)]
     threads_before = threading.active_count()
     async with make_async() as aeng:

@@ -39,7 +39,11 @@ def test_visitors_share_the_pinned_prefix_and_reuse_only_their_own_turns() -> No
 
 async def test_async_engine_passes_the_scope_to_the_cache() -> None:
     aeng = AsyncEngine.from_pretrained(
-        tiny_model_dir(), block_size=4, kv_cache_bytes=kv_bytes(96, 4), device="cpu"
+        tiny_model_dir(),
+        block_size=4,
+        kv_cache_bytes=kv_bytes(96, 4),
+        device="cpu",
+        dtype="float32",
     )
     async with aeng:
         convo = [*SYSTEM, *range(200, 220)]

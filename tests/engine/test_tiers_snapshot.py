@@ -32,8 +32,7 @@ def make_engine(
         kv_cache_bytes=kv_bytes(-(-400 // block_size), block_size),
         kv_snapshot_dir=str(snap) if snap is not None else None,
         device="cpu",
-        dtype="float32",
-        **kw,
+        **{"dtype": "float32", **kw},
     )
 
 
@@ -131,6 +130,8 @@ def test_other_model_or_block_size_recomputes(tmp_path: Path, caplog) -> None:
     cases = (
         ({"model": other_model_dir()}, "model differs"),
         ({"block_size": 32}, "block_size differs"),
+        # bf16 linears beside the same float32 KV layout computed other K/V
+        ({"dtype": "bfloat16"}, "model differs"),
     )
     for i, (kw, reason) in enumerate(cases):
         # Each case reads its own copy of the first engine's snapshot: an engine that recomputes

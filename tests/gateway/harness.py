@@ -86,6 +86,8 @@ def make_settings(database_url: str, tmp_path: Path, **env: str) -> Settings:
         "KVGATE_SECRETS_KEY": SECRETS_KEY,
         "KVGATE_VAR_DIR": str(tmp_path / "var"),
         "KVGATE_DEVICE": "cpu",
+        # the float32 path these tests hold numbers to (auto is bfloat16 on a CPU with bf16 units)
+        "KVGATE_DTYPE": "float32",
         "KVGATE_KV_CACHE_BYTES": str(KV_CACHE_BYTES),
         "KVGATE_DEFAULT_MAX_TOKENS": "8",
         "KVGATE_LOG_JSON": "true",

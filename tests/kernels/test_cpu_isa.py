@@ -32,15 +32,7 @@ print(json.dumps({"gemm": kernel and kernel.isa, "torch": torch.backends.cpu.get
 """
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return {f for line in text.splitlines() if line.startswith("flags") for f in line.split()}
-
-
-FLAGS = _cpu_flags()
+FLAGS = cpu_isa.cpu_flags()
 HAS_AVX2 = {"avx2", "fma"} <= FLAGS
 # torch's AVX512 capability needs these four
 HAS_AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= FLAGS
@@ -95,6 +87,48 @@ def test_the_model_agrees_within_tolerance_under_either_isa(tmp_path: Path) -> N
     ((here, logits),) = generate_with_logits(fresh_engine(model), [PROMPT], greedy())
     assert avx2["tokens"] == list(here.token_ids)
     torch.testing.assert_close(avx2["logits"], logits, rtol=0, atol=LOGITS_ATOL)
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: {vendor}
+flags\t\t: fpu sse2 avx avx2 fma {extra}
+
+processor\t: 1
+flags\t\t: fpu
+"""
+ZEN4 = "avx512f avx512bw avx512vl avx512dq avx512_bf16 avx512_vnni"
+SAPPHIRE_RAPIDS = f"{ZEN4} amx_tile amx_bf16 amx_int8"
+
+
+def _flags(tmp_path: Path, extra: str, vendor: str = "AuthenticAMD") -> frozenset[str]:
+    path = tmp_path / "cpuinfo"
+    path.write_text(CPUINFO.format(vendor=vendor, extra=extra))
+    return cpu_isa.read_flags(path)
+
+
+def test_bf16_units_are_read_from_the_first_processors_flags(tmp_path: Path) -> None:
+    assert cpu_isa.bf16_units(_flags(tmp_path, "")) is None  # AVX2 + FMA alone
+    assert cpu_isa.bf16_units(_flags(tmp_path, "avx512f avx512bw avx512vl avx512dq")) is None
+    assert cpu_isa.bf16_units(_flags(tmp_path, ZEN4)) == "avx512_bf16"
+    assert cpu_isa.bf16_units(_flags(tmp_path, SAPPHIRE_RAPIDS, "GenuineIntel")) == "amx"
+    # the tile flag without bf16 tiles (an AMX-INT8-only part) is not bf16 units
+    assert cpu_isa.bf16_units(_flags(tmp_path, "avx512f amx_tile amx_int8")) is None
+    assert cpu_isa.read_flags(tmp_path / "missing") == frozenset()
+    flags = _flags(tmp_path, SAPPHIRE_RAPIDS)
+    assert cpu_isa.vector_flags(flags)[:3] == ["amx_bf16", "amx_int8", "amx_tile"]
+    assert "sse2" not in cpu_isa.vector_flags(flags)
+
+
+def test_native_bf16_is_off_under_avx2_and_follows_the_flags_otherwise(tmp_path: Path) -> None:
+    amx = _flags(tmp_path, SAPPHIRE_RAPIDS)
+    assert cpu_isa.native_bf16({}, amx) == "amx"
+    assert cpu_isa.native_bf16({"KVGATE_CPU_ISA": "auto"}, amx) == "amx"
+    assert cpu_isa.native_bf16({"KVGATE_CPU_ISA": "avx2"}, amx) is None
+    assert cpu_isa.native_bf16({}, _flags(tmp_path, "")) is None
+    # this host, as the engine sees it
+    assert cpu_isa.native_bf16() == (
+        None if cpu_isa.requested() == "avx2" else cpu_isa.bf16_units(FLAGS)
+    )
 
 
 def test_the_setting_is_validated_and_exports_the_torch_caps() -> None:

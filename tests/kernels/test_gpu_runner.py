@@ -14,7 +14,14 @@ import torch
 
 import engine.runtime.runner
 from engine.config import EngineConfig
-from engine.runtime.device import bind_device, choose_dtype, resolve_device
+from engine.runtime import cpu_isa
+from engine.runtime.device import (
+    bind_device,
+    choose_dtype,
+    choose_kv_dtype,
+    describe,
+    resolve_device,
+)
 from engine.runtime.model.config import parse_config
 from engine.runtime.model.decoder import Decoder
 from engine.runtime.model.kv_memory import MemoryReading, block_bytes, profiled_kv_bytes
@@ -38,12 +45,35 @@ def test_bind_device_sets_the_threads_device_only_when_it_differs():
     assert resolve_device("cuda:3") == torch.device("cuda", 3)
 
 
-def test_auto_dtype_is_bfloat16_on_cuda_and_float16_without_bf16():
+def test_auto_dtype_is_bf16_on_cuda_and_on_cpus_with_bf16_units():
     cuda = torch.device("cuda", 0)
     assert choose_dtype("auto", cuda, bf16_supported=lambda: True) == "bfloat16"
     assert choose_dtype("auto", cuda, bf16_supported=lambda: False) == "float16"
     assert choose_dtype("float32", cuda, bf16_supported=lambda: True) == "float32"
-    assert choose_dtype("auto", torch.device("cpu")) == "auto"  # the checkpoint's dtype
+    cpu = torch.device("cpu")
+    # the CPU: bf16 where it has bf16 matrix units, float32 without, whatever the checkpoint says;
+    # a GGUF stays auto (its blocks keep their kernels)
+    assert choose_dtype("auto", cpu, bf16_supported=lambda: True) == "bfloat16"
+    assert choose_dtype("auto", cpu, bf16_supported=lambda: False) == "float32"
+    assert choose_dtype("auto", cpu, gguf=True, bf16_supported=lambda: True) == "auto"
+    assert choose_dtype("bfloat16", cpu, bf16_supported=lambda: False) == "bfloat16"
+    # the start-up line says which and why
+    line = describe(cpu, torch.bfloat16, "bfloat16", torch.float32)
+    assert line == "engine device cpu, dtype bfloat16 (configured), KV cache and attention float32"
+    assert "GGUF" in describe(cpu, torch.float32, "auto", torch.float32, gguf=True)
+    units = cpu_isa.native_bf16()
+    want = f"bf16 units {units}" if units else "no bf16 units on this CPU"
+    assert describe(cpu, torch.float32, "auto", torch.float32).endswith(f"(auto: {want})")
+
+
+def test_auto_kv_dtype_is_float32_on_the_cpu_and_the_weights_dtype_on_cuda():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert choose_kv_dtype("auto", torch.bfloat16, cpu) == torch.float32
+    assert choose_kv_dtype("auto", torch.bfloat16, cuda) == torch.bfloat16
+    assert choose_kv_dtype("bfloat16", torch.bfloat16, cpu) == torch.bfloat16
+    assert choose_kv_dtype("float32", torch.float16, cpu) == torch.float32
+    with pytest.raises(ValueError, match="kv_dtype float32 beside bfloat16 weights: use auto"):
+        choose_kv_dtype("float32", torch.bfloat16, cuda)
 
 
 def test_profiled_kv_bytes_fills_the_utilization_target():

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.core.step_cost import StepCost
 from engine.text.errors import ModelLoadError, read_json
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
@@ -59,6 +60,18 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    def step_cost(self) -> StepCost:
+        """What a scheduled chunk costs this model (the fair share's unit; engine/core)."""
+        return StepCost.from_geometry(
+            hidden=self.hidden_size,
+            layers=self.num_layers,
+            heads=self.num_heads,
+            kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            intermediate=self.intermediate_size,
+            vocab=self.vocab_size,
+        )
 
 
 # The decoder precomputes rotary tables for every position (decoder.py), so the context length

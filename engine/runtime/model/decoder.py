@@ -4,6 +4,10 @@ One forward computes the new tokens of many requests at once (``input_ids`` [T])
 writes all new K/V into their slots *before* any attention of that layer reads the cache, so a
 request can read a prefix block that another request of the same batch computes in this step.
 Only the rows in ``logits_indices`` (last token of each sampled request) reach the LM head.
+
+``dtype`` is the dtype of the residual stream, the norms, RoPE, attention and the KV cache; the
+linears compute in their weights' dtype (``linear.py``). They differ on the CPU with bf16
+weights, where the rest stays float32 on kvgate's C kernels (``engine/runtime/device.py``).
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hk
 
 
 class _Layer:
-    def __init__(self, w: LayerWeights, cfg: ModelConfig, activations: str) -> None:
-        self.input_norm, self.post_norm = w.input_norm, w.post_norm
+    def __init__(
+        self, w: LayerWeights, cfg: ModelConfig, dtype: torch.dtype, activations: str
+    ) -> None:
+        self.input_norm, self.post_norm = w.input_norm.to(dtype), w.post_norm.to(dtype)
         self.qkv = Linear(w.qkv, w.qkv_bias, activations=activations)
         self.o_proj = Linear(w.o_proj, w.o_bias, activations=activations)
         self.gate_up = Linear(w.gate_up, activations=activations)
@@ -78,9 +84,9 @@ class Decoder:
         self.cfg = cfg
         self.dtype = dtype
         self.embed = weights.embed
-        self.norm = weights.norm
+        self.norm = weights.norm.to(dtype)
         self.lm_head = Linear(weights.lm_head, activations=activations)
-        self.layers = [_Layer(w, cfg, activations) for w in weights.layers]
+        self.layers = [_Layer(w, cfg, dtype, activations) for w in weights.layers]
         self.scale = cfg.head_dim**-0.5
         # cos/sin tables [max_position, D], computed in float32 as HF does, then cast.
         inv_freq = rope_inv_freq(cfg.rope, cfg.head_dim)
@@ -105,7 +111,7 @@ class Decoder:
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """input_ids/positions [T] -> float32 logits [len(logits_indices), V]."""
-        x = embed(self.embed, input_ids)  # the residual stream; this forward's own buffer
+        x = embed(self.embed, input_ids).to(self.dtype)  # the residual stream; its own buffer
         delta: torch.Tensor | None = None  # the last MLP output, added by the next norm
         if self.fused is not None:
             delta = self.fused.run(x, positions, self.cos, self.sin, meta, kv_caches)

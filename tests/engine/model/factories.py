@@ -95,7 +95,11 @@ def make_runner(path: Path, block_size: int = 16, num_blocks: int = 256) -> Mode
     from engine.runtime.model.kv_memory import block_bytes
 
     per_block = block_bytes(parse_config(path), block_size, torch.float32)
-    config = EngineConfig(block_size=block_size, kv_cache_bytes=num_blocks * per_block)
+    # float32 pinned: these tests hold the float32 path to transformers' (dtype=auto would be
+    # bfloat16 on a CPU with bf16 units; test_bf16.py tests that path)
+    config = EngineConfig(
+        block_size=block_size, kv_cache_bytes=num_blocks * per_block, dtype="float32"
+    )
     return ModelRunner.from_pretrained(path, config)
 
 

@@ -104,7 +104,7 @@ def test_the_check_imports_no_torch(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from engine.runtime.model.checkpoint import check_model\n"
-        "from engine.runtime.model.config import ModelLoadError\n"
+        "from engine.text.errors import ModelLoadError\n"
         f"check_model({str(sound)!r})\n"
         f"try:\n    check_model({str(garbage)!r})\nexcept ModelLoadError:\n    pass\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))\n"
