@@ -49,9 +49,11 @@ class LocalWorkerError(RuntimeError):
 
 def engine_missing() -> str | None:
     """Why this install cannot run an engine (one line), or None when it can."""
-    if importlib.util.find_spec("torch") is None:
-        return f"the engine is not installed: pip install '{ENGINE_EXTRA}'"
-    return None
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except ImportError:  # a broken install (or a finder that refuses it) counts as none
+        found = False
+    return None if found else f"the engine is not installed: pip install '{ENGINE_EXTRA}'"
 
 
 def check_local_model(model_dir: str, dtype: str) -> None:

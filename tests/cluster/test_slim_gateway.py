@@ -72,7 +72,9 @@ async def test_a_gateway_without_torch_serves_chat_through_a_worker(
             body = {"id": "slim", "name": "Slim", "system_prompt": "You help."}
             async with http.post(f"{serve.url}/admin/v1/tenants", json=body) as r:
                 assert r.status == 201, await r.text()
-            async with http.post(f"{serve.url}/admin/v1/tenants/slim/keys", json={}) as r:
+            keys = f"{serve.url}/admin/v1/tenants/slim/keys"
+            async with http.post(keys, json={"kind": "server"}) as r:
+                assert r.status == 201, await r.text()
                 key = (await r.json())["key"]
         client = AsyncOpenAI(base_url=f"{serve.url}/v1", api_key=key)
         try:

@@ -17,7 +17,7 @@ from tenants.db import redact_url
 from tenants.errors import ConfigError
 from tenants.settings import TenantStoreSettings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PASSWORD = "hunter2-s3cret"
 
 

@@ -32,7 +32,7 @@ from gateway.http import (
 )
 from tests.gateway.redis_server import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

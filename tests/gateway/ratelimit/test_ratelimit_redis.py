@@ -24,7 +24,7 @@ from gateway.ratelimit.types import LimiterUnavailable
 from tests.conftest import SHARED_REDIS_URL
 from tests.gateway.redis_server import RedisServer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # One "replica": connects, says ready, waits for "go", then makes ``n`` admissions 5 ms apart
 # (so the two replicas interleave) plus a burst of ``n`` concurrent ones.

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.telemetry.logs import escape_control_chars, escape_controls
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FORGED = "2026-12-01T00:00:00Z [info     ] admin_token_rotated actor=root"
 # One with a newline and spaces; one with none of the characters the console format quotes a
 # value for (space, =, quotes, \n, \r, \t), so only the escaping stands between it and the terminal.
