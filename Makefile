@@ -1,6 +1,7 @@
 # The two commands of the README: `make serve` and `make test`.
-# Each creates .venv when missing and installs what it needs (torch pinned: the CPU build on disk;
-# every other package at the version in constraints.txt, the set CI tests).
+# Each creates .venv when missing and installs what it needs: the gateway with the engine extra
+# (torch pinned: the CPU build on disk; every other package at the version in constraints.txt,
+# the set CI tests) and the dev tools.
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -15,7 +16,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]' $(TORCH)
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[engine,dev]' $(TORCH)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -101,7 +101,7 @@ def _baseline_engine(policy: str, eng: Any) -> Any:
             healthy = {m.worker_id: m for m in eng.members.values() if m.info and not m.refused}
         live = sorted(w for w in healthy if w not in tried)
         if not live:
-            from gateway.cluster.client import WorkerUnavailable
+            from engine.remote.client import WorkerUnavailable
 
             raise WorkerUnavailable("no healthy worker")
         if policy == "round_robin":

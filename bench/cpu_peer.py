@@ -94,7 +94,7 @@ def _ggml_flags() -> list[str]:
 def _model(given: Path | None) -> Path:
     if given is not None:
         return given
-    from gateway.default_model import ensure_default_model
+    from gateway.commands.default_model import ensure_default_model
 
     return ensure_default_model(Path.home() / ".cache" / "kvgate" / "models", log=print)
 

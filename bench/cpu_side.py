@@ -33,7 +33,7 @@ def conversation(model: Path, length: int, count: int) -> tuple[list[int], list[
     """A tenant prompt of at least ``length`` tokens and ``count`` new user turns after it."""
     from bench.model import _conversation
     from engine.runtime.model.gguf import GGUFFile
-    from engine.runtime.model.gguf_tokenizer import gguf_tokenizer
+    from engine.text.gguf_tokenizer import gguf_tokenizer
 
     f = GGUFFile.open(model)
     system, turn = _conversation(gguf_tokenizer(f.metadata, str(model)), length)

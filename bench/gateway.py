@@ -447,9 +447,9 @@ def _spread(reps: list[dict[str, float]]) -> dict[str, Any]:
 
 def _frame_codec_us(n: int = 20000) -> float:
     """Encode + decode of one decode-step output frame (one token, timings absent), in µs:
-    the worker protocol's codec (engine/serving/worker/messages.py)."""
+    the worker protocol's codec (engine/remote/messages.py)."""
     from engine.outputs import RequestMetrics, RequestOutput
-    from engine.serving.worker import messages as m
+    from engine.remote import messages as m
     from engine.serving.worker.transport import output_frame
 
     out = RequestOutput("r", 30, (1, 2, 3), (3,), 16, False, None, RequestMetrics(0.0))

@@ -86,7 +86,8 @@ def make_random_model(
 
 def read_model_config(path: Path) -> ModelConfig:
     """The decoder config of an HF model directory or a GGUF file (no weights read)."""
-    from engine.runtime.model.gguf import GGUFFile, is_gguf, parse_gguf_config
+    from engine.runtime.model.gguf import GGUFFile, parse_gguf_config
+    from engine.text.gguf_reader import is_gguf
 
     return parse_gguf_config(GGUFFile.open(path)) if is_gguf(path) else parse_config(path)
 

@@ -32,12 +32,12 @@ import torch
 from bench.common import RESULTS_DIR, environment, model_dir, percentile, print_table, write_json
 from bench.models import QWEN25_05B
 from engine.constraints import Grammar
+from engine.constraints.compiler import check_grammar, compiler_for
 from engine.params import SamplingParams
 from engine.runtime import cpu_isa
-from engine.runtime.grammar import check_grammar, compiler_for
-from engine.runtime.model.tokenizer import Tokenizer
 from engine.runtime.sampling import Sampler
 from engine.serving.engine import Engine
+from engine.text.tokenizer import Tokenizer
 
 SMOLLM2 = Path.home() / ".cache" / "kvgate" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Strict and bounded; the summary's minimum length keeps every document longer than the timed
@@ -83,7 +83,7 @@ def _with_tokenizer(base: Path, which: str) -> tuple[Path, str]:
     if which == "demo" or (which == "auto" and not SMOLLM2.is_file()):
         return base, "demo (2,000 tokens)"
     from engine.runtime.model.gguf import GGUFFile
-    from engine.runtime.model.gguf_tokenizer import gguf_tokenizer
+    from engine.text.gguf_tokenizer import gguf_tokenizer
 
     tok = gguf_tokenizer(GGUFFile.open(SMOLLM2).metadata, str(SMOLLM2))
     path = base.with_name(base.name + "-smollm2-tokenizer")

@@ -32,6 +32,7 @@ import torch
 
 from bench.common import RESULTS_DIR, environment, model_dir, percentile, print_table, write_json
 from bench.models import QWEN25_05B
+from engine.api import GenerateOptions
 from engine.params import SamplingParams
 from engine.serving.engine import Engine
 
@@ -144,7 +145,7 @@ def _serve(
         now = eng.core.clock()
         while pending and pending[0][0] <= now:
             at, t, ids = pending.pop(0)
-            eng.core.add_request(ids, params, namespace=f"t{t}", arrival_time=at)
+            eng.core.add_request(ids, params, GenerateOptions(f"t{t}"), arrival_time=at)
         if not eng.has_unfinished():
             clock.jump_to(pending[0][0])  # idle until the next arrival
             continue

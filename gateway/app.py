@@ -2,7 +2,7 @@
 
 Nothing happens at import. ``create_app`` only builds objects: it reads no model, starts no
 process and connects nowhere (the tenant store's connection pool connects lazily; the engine is
-only chosen, gateway/engine_source.py). Everything that loads, starts or connects lives in
+only chosen, gateway/lifecycle/engine_source.py). Everything that loads, starts or connects lives in
 ``cleanup_ctx``, in this order (closed in reverse)::
 
     telemetry provider -> tenant store (schema check, secrets key check)
@@ -35,6 +35,7 @@ from engine.errors import (
     RequestAborted,
     TenantQueueFull,
 )
+from gateway.access.auth import KeyCache
 from gateway.admin import (
     ADMIN_PREFIX,
     ADMIN_SESSIONS,
@@ -46,30 +47,30 @@ from gateway.admin import (
 )
 from gateway.admin.context import ADMIN_CONTEXT
 from gateway.admin.throttle import AdminThrottle, ThrottleLimits
-from gateway.auth import KeyCache
 from gateway.chat import views
+from gateway.chat.tools.run.budget_webhook import SoftWebhooks
+from gateway.chat.tools.run.runner import TOOL_RUNNER
+from gateway.chat.tools.run.setup import make_tool_runner
 from gateway.chat.tools.tenant import VersionPrefixes
 from gateway.cluster.admin import add_cluster_view
 from gateway.cluster.engine import ClusterEngine
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState, Telemetry
-from gateway.dbready import DB_PROBE, DatabaseProbe
-from gateway.engine_source import EngineSource, RunningEngine, choose_source
 from gateway.errors import error_middleware, register_error
-from gateway.heap import frozen_startup_heap
 from gateway.home import register_home
 from gateway.http import content_encoding_middleware
-from gateway.openapi import openapi_handler
-from gateway.pins import PinManager
+from gateway.lifecycle.dbready import DB_PROBE, DatabaseProbe
+from gateway.lifecycle.engine_source import EngineSource, RunningEngine, choose_source
+from gateway.lifecycle.heap import frozen_startup_heap
+from gateway.openapi.document import openapi_handler
+from gateway.prompts.pins import PinManager
+from gateway.prompts.tenant_prefix import TemplateMismatch
+from gateway.prompts.tokenize_pool import TokenizePool
 from gateway.ratelimit import FailoverLimiter, Limiter, MemoryLimiter, RedisLimiter
 from gateway.ratelimit.redis import make_client
 from gateway.ratelimit.types import LimiterUnavailable
 from gateway.settings import Settings
 from gateway.telemetry import GatewayMetrics, make_tracer, make_tracer_provider
 from gateway.telemetry.dbgauge import database_gauge
-from gateway.tenant_prefix import TemplateMismatch
-from gateway.tokenize_pool import TokenizePool
-from gateway.tools_exec.budget_webhook import SoftWebhooks
-from gateway.tools_exec.setup import make_tool_runner
 from gateway.usage.admin import AUDIT_ACTOR, add_usage_routes
 from gateway.usage.budget_admin import add_budget_routes
 from gateway.usage.ledger import LEDGER, Ledger
@@ -301,15 +302,12 @@ def _lifecycle(
                 prefixes.encode,
                 prompts=prompts,
             )
-            state.tool_runner = make_tool_runner(
-                settings.tools, store, tel.tracer, tel.metrics.registry
-            )
-            stack.push_async_callback(state.tool_runner.egress.close)
+            runner = make_tool_runner(settings.tools, store, tel.tracer, tel.metrics.registry)
+            stack.push_async_callback(runner.egress.close)
+            app[TOOL_RUNNER] = runner
             ledger = app.get(LEDGER)
             if ledger is not None and ledger.budgets is not None:
-                hooks = SoftWebhooks(
-                    state.tool_runner.egress, ToolStore(store).secret, tel.metrics.registry
-                )
+                hooks = SoftWebhooks(runner.egress, ToolStore(store).secret, tel.metrics.registry)
                 ledger.budgets.on_soft = hooks
                 stack.push_async_callback(hooks.close)
             stack.callback(state.prompts.close)
@@ -337,7 +335,7 @@ async def _shutdown_provider(tel: Telemetry) -> None:
 
 async def _start_draining(app: web.Application) -> None:
     """on_shutdown (listening has stopped): refuse new requests, let chat requests finish
-    until the shutdown deadline, end the rest with a shutdown error (gateway/drain.py)."""
+    until the shutdown deadline, end the rest with a shutdown error (gateway/lifecycle/drain.py)."""
     if STATE in app:
         app[STATE].draining = True
         await app[STATE].drain.run(app[SETTINGS].server.shutdown_timeout_s)
@@ -350,7 +348,7 @@ async def _healthz(request: web.Request) -> web.Response:
 async def _readyz(request: web.Request) -> web.Response:
     state = request.app[STATE]
     checks: dict[str, bool] = {"accepting": not state.draining}  # false once shutdown began
-    # Within about 1 s; answered from the last probe for a second (gateway/dbready.py).
+    # Within about 1 s; answered from the last probe for a second (gateway/lifecycle/dbready.py).
     database = await request.app[DB_PROBE].readiness(state.store, state.keys)
     checks["database"] = database.passing  # passes while degraded (last-known-good)
     redis = "none"  # no Redis configured: the in-process limiter

@@ -13,16 +13,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
 from engine.api import EngineClient
-from engine.runtime.model.tokenizer import Tokenizer
-from gateway.auth import KeyCache
-from gateway.drain import Drain
-from gateway.pins import PinManager
+from engine.text.tokenizer import Tokenizer
+from gateway.access.auth import KeyCache
+from gateway.lifecycle.drain import Drain
+from gateway.prompts.pins import PinManager
+from gateway.prompts.tenant_prefix import VersionEncoder
+from gateway.prompts.tokenize_pool import TokenizePool
 from gateway.ratelimit import Limiter
 from gateway.settings import Settings
 from gateway.telemetry import GatewayMetrics
-from gateway.tenant_prefix import VersionEncoder
-from gateway.tokenize_pool import TokenizePool
-from gateway.tools_exec.runner import ToolRunner
 from tenants.store import TenantStore
 
 
@@ -41,7 +40,6 @@ class GatewayState:
     draining: bool = False  # set at shutdown: /readyz answers 503, new requests are refused
     drain: Drain = field(default_factory=Drain)  # chat requests in flight, cut at the deadline
     prompts: TokenizePool = field(default_factory=TokenizePool)  # large prompts off the loop
-    tool_runner: ToolRunner | None = None  # tenant tools the gateway runs (gateway/tools_exec/)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ a ``SettingsError`` naming the variable.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import tomllib
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from engine.config import WEIGHTS
+from engine.config import PROCESS_VARIABLES, ConfigFieldError, EngineConfig
 from gateway.usage.config import UsageSettings
 from gateway.usage.prices import parse_price_table
 from tenants.db import redact_url
@@ -152,6 +153,44 @@ class Variable:
     meaning: str
 
 
+# The engine's knobs: one variable per EngineConfig field, ``KVGATE_<FIELD>``, its parser from the
+# field's type, its default and meaning from the field's declaration (engine/config.py); the
+# value is checked once, by EngineConfig (``engine_config``). Where the gateway decides a
+# field's default itself, ``ENGINE_DEFAULTS`` says so.
+_BY_TYPE: dict[str, Callable[[str], Any]] = {
+    "int": _int,
+    "int | None": _opt_int,
+    "float": float,
+    "bool": _bool,
+    "str": _str,
+    "str | None": _opt_str,
+}
+ENGINE_DEFAULTS = {
+    "kv_snapshot_dir": (
+        "",
+        "pinned prompts' KV saved here, restored at start; unset: <KVGATE_VAR_DIR>/kv-snapshots; "
+        "off: none",
+    ),
+}
+
+
+def engine_variable(f: dataclasses.Field[Any]) -> Variable:
+    default, meaning = ENGINE_DEFAULTS.get(f.name, (_as_text(f.default), f.metadata["help"]))
+    return Variable(PREFIX + f.name.upper(), _BY_TYPE[str(f.type)], default, meaning)
+
+
+def _as_text(default: Any) -> str:
+    if default is None:
+        return ""
+    return str(default).lower() if isinstance(default, bool) else str(default)
+
+
+ENGINE_VARIABLES = (
+    *(engine_variable(f) for f in dataclasses.fields(EngineConfig)),
+    *(Variable(p.name, _str, p.default, p.meaning) for p in PROCESS_VARIABLES),
+)
+
+
 VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_CONFIG", _opt_str, "", "optional TOML file with any of these variables"),
     Variable("KVGATE_HOST", _str, "127.0.0.1", "listen address of `kvgate serve`"),
@@ -181,46 +220,7 @@ VARIABLES: tuple[Variable, ...] = (
         "random demo model",
     ),
     Variable("KVGATE_MODEL_NAME", _opt_str, "", "model id served by /v1/models; unset: dir name"),
-    Variable("KVGATE_BLOCK_SIZE", _int, "16", "KV cache block size (tokens)"),
-    Variable("KVGATE_KV_CACHE_BYTES", _opt_int, "", "KV cache budget; unset: from device memory"),
-    Variable("KVGATE_PIN_CAP_FRACTION", _fraction, "0.5", "share of KV blocks pins may take"),
-    Variable(
-        "KVGATE_HOST_KV_BYTES", _int, "0", "host-memory KV tier (pinned memory on CUDA); 0: none"
-    ),
-    Variable(
-        "KVGATE_KV_SNAPSHOT_DIR",
-        _opt_str,
-        "",
-        "pinned prompts' KV saved here, restored at start; unset: <KVGATE_VAR_DIR>/kv-snapshots; "
-        "off: none",
-    ),
-    Variable(
-        "KVGATE_KV_SNAPSHOT_KEY",
-        _opt_str,
-        "",
-        "secret key of the snapshots' MAC (>= 32 characters; workers sharing a snapshot "
-        "directory share it); unset: generated once into <snapshot dir>/snapshot.key (0600)",
-    ),
-    Variable("KVGATE_DEVICE", _str, "auto", "engine device: auto, cpu, cuda, cuda:N"),
-    Variable("KVGATE_DTYPE", _choice("auto", "float32", "bfloat16", "float16"), "auto", "dtype"),
-    Variable(
-        "KVGATE_WEIGHTS",
-        _choice(*WEIGHTS),
-        "auto",
-        "auto: a GGUF's Q4_1 / Q8_0 weights stay in their blocks on the CPU (kvgate's block "
-        "GEMM, float32 activations); blocks-int16: the same blocks with activations rounded to "
-        "int16 per block of 32 (faster, within the float32 path's tolerance on the default "
-        "model); blocks-int8: rounded to int8, as llama.cpp does (fastest, least exact); "
-        "dequantized: every weight in the engine dtype",
-    ),
-    Variable(
-        "KVGATE_GPU_MEMORY_UTILIZATION",
-        _float_in(0.0, 1.0, low_open=True),
-        "0.9",
-        "CUDA: share of GPU memory for weights, activations and the KV cache (sized by profiling)",
-    ),
-    Variable("KVGATE_CUDA_GRAPHS", _bool, "1", "CUDA: replay decode steps from CUDA graphs"),
-    Variable("KVGATE_MAX_NUM_SEQS", _int, "256", "engine: most running requests"),
+    *ENGINE_VARIABLES,
     Variable("KVGATE_DEFAULT_MAX_TOKENS", _int_ge1, "256", "max_tokens when a request gives none"),
     # Sampling defaults for requests that leave a parameter out (model-specific values belong
     # here, e.g. the model card's recommended temperature).
@@ -524,74 +524,52 @@ class ServerSettings:
 class ModelSettings:
     path: str | None  # None: the demo model, generated under var_dir on first start
     name: str | None
-    block_size: int
-    kv_cache_bytes: int | None
-    pin_cap_fraction: float
-    device: str
-    dtype: str
-    weights: str
-    max_num_seqs: int
     default_max_tokens: int
+    engine: EngineConfig  # every KVGATE_<FIELD> of the engine, checked by EngineConfig
     # Sampling parameters a request leaves out (gateway/chat/views.py ``sampling_params``).
     default_temperature: float = 1.0
     default_top_p: float = 1.0
     default_repetition_penalty: float = 1.0
     default_frequency_penalty: float = 0.0
-    gpu_memory_utilization: float = 0.9
-    cuda_graphs: bool = True
-    host_kv_bytes: int = 0
-    kv_snapshot_dir: str | None = None  # None: no snapshots
-    kv_snapshot_key: str | None = field(default=None, repr=False)  # a secret
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> ModelSettings:
         return cls(
             path=value(src, "KVGATE_MODEL"),
             name=value(src, "KVGATE_MODEL_NAME"),
-            block_size=value(src, "KVGATE_BLOCK_SIZE"),
-            kv_cache_bytes=value(src, "KVGATE_KV_CACHE_BYTES"),
-            pin_cap_fraction=value(src, "KVGATE_PIN_CAP_FRACTION"),
-            device=value(src, "KVGATE_DEVICE"),
-            dtype=value(src, "KVGATE_DTYPE"),
-            weights=value(src, "KVGATE_WEIGHTS"),
-            max_num_seqs=value(src, "KVGATE_MAX_NUM_SEQS"),
-            gpu_memory_utilization=value(src, "KVGATE_GPU_MEMORY_UTILIZATION"),
-            cuda_graphs=value(src, "KVGATE_CUDA_GRAPHS"),
-            host_kv_bytes=value(src, "KVGATE_HOST_KV_BYTES"),
-            kv_snapshot_dir=_snapshot_dir(src),
-            kv_snapshot_key=_snapshot_key(src),
             default_max_tokens=value(src, "KVGATE_DEFAULT_MAX_TOKENS"),
+            engine=engine_config(src),
             default_temperature=value(src, "KVGATE_DEFAULT_TEMPERATURE"),
             default_top_p=value(src, "KVGATE_DEFAULT_TOP_P"),
             default_repetition_penalty=value(src, "KVGATE_DEFAULT_REPETITION_PENALTY"),
             default_frequency_penalty=value(src, "KVGATE_DEFAULT_FREQUENCY_PENALTY"),
         )
 
+    @property
+    def block_size(self) -> int:
+        return self.engine.block_size
+
+    @property
+    def dtype(self) -> str:
+        return self.engine.dtype
+
     def engine_overrides(self) -> dict[str, Any]:
-        """Keyword overrides for ``AsyncEngine.from_pretrained`` (EngineConfig fields)."""
-        out: dict[str, Any] = {
-            "block_size": self.block_size,
-            "pin_cap_fraction": self.pin_cap_fraction,
-            "device": self.device,
-            "dtype": self.dtype,
-            "weights": self.weights,
-            "max_num_seqs": self.max_num_seqs,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
-            "cuda_graphs": self.cuda_graphs,
-            "host_kv_bytes": self.host_kv_bytes,
-            "kv_snapshot_dir": self.kv_snapshot_dir,
-            "kv_snapshot_key": self.kv_snapshot_key,
-        }
-        if self.kv_cache_bytes is not None:
-            out["kv_cache_bytes"] = self.kv_cache_bytes
-        return out
+        """The engine's configuration as keywords (``EngineConfig`` fields, every one)."""
+        return {f.name: getattr(self.engine, f.name) for f in dataclasses.fields(EngineConfig)}
 
 
-def _snapshot_key(src: Mapping[str, str]) -> str | None:
-    key: str | None = value(src, "KVGATE_KV_SNAPSHOT_KEY")
-    if key is not None and len(key) < 32:  # the message never quotes a secret
-        raise SettingsError("KVGATE_KV_SNAPSHOT_KEY: must be at least 32 characters")
-    return key
+def engine_config(src: Mapping[str, str]) -> EngineConfig:
+    """The engine's configuration from its ``KVGATE_<FIELD>`` variables, checked once (by
+    ``EngineConfig``): a refused value is a ``SettingsError`` naming its variable."""
+    given = {
+        f.name: value(src, PREFIX + f.name.upper())
+        for f in dataclasses.fields(EngineConfig)
+        if f.name not in ENGINE_DEFAULTS
+    }
+    try:
+        return EngineConfig(**given, kv_snapshot_dir=_snapshot_dir(src))
+    except ConfigFieldError as exc:
+        raise SettingsError(f"{PREFIX}{exc.field.upper()}: {exc.problem}") from None
 
 
 def _snapshot_dir(src: Mapping[str, str]) -> str | None:
@@ -614,7 +592,7 @@ class RateLimitSettings:
     visitor_tpm: int = 20_000
     visitor_max_concurrency: int = 2
     trusted_proxies: tuple[IPNetwork, ...] = ()
-    visitor_ipv6_prefix: int = 64  # IPv6 visitors grouped by network (gateway/visitor.py)
+    visitor_ipv6_prefix: int = 64  # IPv6 visitors grouped by network (gateway/access/visitor.py)
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> RateLimitSettings:
@@ -697,7 +675,7 @@ class WidgetSettings:
 
 @dataclass(frozen=True)
 class ToolSettings:
-    """Tools the gateway runs for tenants (gateway/tools_exec/, docs/tools.md)."""
+    """Tools the gateway runs for tenants (gateway/chat/tools/run/, docs/tools.md)."""
 
     allowed_hosts: str = ""
     timeout_s: float = 5.0

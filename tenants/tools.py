@@ -6,7 +6,7 @@
        tool_choice?, max_tool_rounds?}
 
 A tool without a ``source`` is declared to the model only (a server key's client runs it); one
-with a source is run by the gateway (gateway/tools_exec/). Validation here is shape and size
+with a source is run by the gateway (gateway/chat/tools/run/). Validation here is shape and size
 only: ``parameters`` must be a JSON Schema of an object (its draft's meta-schema, 2020-12 by
 default), names unique, everything bounded. Whether an MCP server id belongs to the tenant
 is the service's check (it needs the database). Errors are ``InvalidTools`` (400, naming the field).

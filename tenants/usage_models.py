@@ -107,7 +107,7 @@ class BudgetRow(Base):
     max_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     max_spend_nanos: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     soft_fraction: Mapped[float] = mapped_column(Float)
-    # called (signed, gateway/tools_exec/budget_webhook.py) when the soft threshold is crossed
+    # called (signed, gateway/chat/tools/run/budget_webhook.py) when the soft threshold is crossed
     soft_webhook: Mapped[str | None] = mapped_column(String(2000), nullable=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 

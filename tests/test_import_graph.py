@@ -200,9 +200,11 @@ def test_the_graph_sees_lazy_and_type_checking_imports() -> None:
     found = imports_in(ast.parse(code), "engine", GRAPH.modules)
     assert sorted(found) == [("engine.core.kv.pool", 2), ("engine.runtime.runner", 4)]
     assert "engine.runtime.runner" in GRAPH.edges["engine.serving.engine"]  # inside from_pretrained
-    assert "gateway.cluster.bootstrap" in GRAPH.edges["gateway.engine_source"]  # lazy
+    assert "gateway.cluster.bootstrap" in GRAPH.edges["gateway.lifecycle.engine_source"]  # lazy
     assert "torch" in GRAPH.external["engine.runtime.runner"]
-    assert GRAPH.where[("gateway.app", "gateway.engine_source")].startswith("gateway/app.py:")
+    assert GRAPH.where[("gateway.app", "gateway.lifecycle.engine_source")].startswith(
+        "gateway/app.py:"
+    )
 
 
 def test_the_cycle_finder_names_the_cycle() -> None:
@@ -282,3 +284,57 @@ def test_engine_layers_import_downwards_only() -> None:
             if here is not None and there is not None and there > here:
                 wrong.append(f"{src} -> {dst}  ({GRAPH.where[(src, dst)]})")
     assert not wrong, "engine imports against the layer order:\n  " + "\n  ".join(wrong)
+
+
+# The engine's boundary: the only engine modules the gateway imports (docs/structure.md), all
+# torch-free, so the gateway installs and runs without torch (``pip install kvgate``).
+BOUNDARY = (
+    "engine.api",
+    "engine.params",
+    "engine.outputs",
+    "engine.errors",
+    "engine.constraints",
+    "engine.config",
+    "engine.text",
+    "engine.remote",
+)
+# The one gateway module that starts engines (a local worker, ``kvgate worker``, the in-process
+# engine, the demo model's weights): it imports the engine below the boundary, lazily, and only
+# where the engine extra is installed.
+LAUNCHER = "gateway.cluster.local"
+
+
+def in_boundary(module: str) -> bool:
+    return any(module == b or module.startswith(b + ".") for b in BOUNDARY)
+
+
+def test_the_gateway_imports_only_the_engine_boundary() -> None:
+    wrong = [
+        f"{src} -> {dst}  ({GRAPH.where[(src, dst)]})"
+        for src, dsts in GRAPH.edges.items()
+        if src.startswith("gateway.") and src != LAUNCHER
+        for dst in dsts
+        if dst.startswith("engine.") and not in_boundary(dst)
+    ]
+    assert not wrong, "gateway imports below the engine's boundary:\n  " + "\n  ".join(wrong)
+    launched = {d for d in GRAPH.edges[LAUNCHER] if d.startswith("engine.") and not in_boundary(d)}
+    assert launched, f"{LAUNCHER} starts no engine any more: drop it from the rule"
+
+
+def test_the_boundary_reaches_no_torch() -> None:
+    """Everything the boundary imports, transitively (lazily included), is torch-free."""
+    seen = {m: [m] for m in GRAPH.modules if in_boundary(m)}
+    frontier = list(seen)
+    while frontier:
+        mod = frontier.pop()
+        for dst in GRAPH.edges.get(mod, ()):
+            if dst not in seen:
+                seen[dst] = [*seen[mod], dst]
+                frontier.append(dst)
+    wrong = [
+        " -> ".join([*path, lib])
+        for mod, path in sorted(seen.items())
+        for lib in sorted(GRAPH.external[mod] & set(TORCH))
+    ]
+    assert not wrong, "torch reached from the engine's boundary:\n  " + "\n  ".join(wrong)
+    assert "engine.text.tokenizer" in seen and "engine.remote.client" in seen

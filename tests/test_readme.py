@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gateway.default_model import GGUF_BYTES, WHEEL_BYTES, download_size, megabytes
+from gateway.commands.default_model import GGUF_BYTES, WHEEL_BYTES, download_size, megabytes
 from gateway.settings import Settings, configuration_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"

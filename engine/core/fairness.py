@@ -151,11 +151,20 @@ def is_eligible(req: FairRequest, step: int, max_wait_steps: int) -> bool:
 class FairRequest(Protocol):
     """What the policy reads of a request (engine/core/request.py's Request has these)."""
 
-    tenant: str
-    priority: Priority
-    enqueued_step: int
-    admit_seq: int
-    request_id: str
+    @property
+    def tenant(self) -> str: ...
+
+    @property
+    def priority(self) -> Priority: ...
+
+    @property
+    def enqueued_step(self) -> int: ...
+
+    @property
+    def admit_seq(self) -> int: ...
+
+    @property
+    def request_id(self) -> str: ...
 
 
 def heads(waiting: Iterable[FairRequest]) -> list[tuple[int, FairRequest]]:

@@ -14,6 +14,7 @@ decode leaves the token sampled last step. A preempted request goes back to WAIT
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import uuid
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 
 from engine.core.fairness import Priority
 from engine.core.kv import CacheScope, PriorityRange
+from engine.core.options import GenerateOptions
 from engine.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprob
 from engine.params import SamplingParams
 
@@ -39,16 +41,15 @@ class RequestStatus(enum.Enum):
 
 @dataclass(eq=False)
 class Request:
+    """One request in the scheduler: what to sample (``sampling``), how it is served
+    (``options``: the caller's ``GenerateOptions`` as given, read through the properties below)
+    and its progress."""
+
     request_id: str
-    namespace: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams
+    options: GenerateOptions
     arrival_time: float
-    priorities: tuple[PriorityRange, ...] = ()
-    cache_scope: CacheScope | None = None  # private prefix-cache keys past its shared part
-    tenant: str = "default"  # whose fair share it is served from (engine/core/fairness.py)
-    weight: float = 1.0  # the tenant's weight (the latest request's wins)
-    priority: Priority = "interactive"
 
     status: RequestStatus = RequestStatus.WAITING
     all_token_ids: list[int] = field(default_factory=list)
@@ -70,6 +71,41 @@ class Request:
     def __post_init__(self) -> None:
         if not self.all_token_ids:
             self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def namespace(self) -> str:
+        return self.options.namespace
+
+    @property
+    def priorities(self) -> tuple[PriorityRange, ...]:
+        return self.options.priorities
+
+    @priorities.setter
+    def priorities(self, ranges: tuple[PriorityRange, ...]) -> None:
+        self.options = dataclasses.replace(self.options, priorities=ranges)
+
+    @property
+    def cache_scope(self) -> CacheScope | None:
+        """Private prefix-cache keys past its shared part (engine/core/kv/hashing.py)."""
+        return self.options.cache_scope
+
+    @cache_scope.setter
+    def cache_scope(self, scope: CacheScope | None) -> None:
+        self.options = dataclasses.replace(self.options, cache_scope=scope)
+
+    @property
+    def tenant(self) -> str:
+        """Whose fair share it is served from (engine/core/fairness.py)."""
+        return self.options.tenant
+
+    @property
+    def weight(self) -> float:
+        """The tenant's weight (the latest request's wins)."""
+        return self.options.weight
+
+    @property
+    def priority(self) -> Priority:
+        return self.options.priority
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -121,11 +121,17 @@ class Scheduler:
             )
 
     def add_request(self, req: Request) -> None:
-        if req.request_id in self.requests:
-            raise ValueError(f"request id {req.request_id!r} is already in flight")
+        """Check and queue ``req`` (PromptTooLong, ValueError for what can never run)."""
         self.check_fits(req.num_prompt_tokens, req.sampling.max_tokens)
         for rng in req.priorities:
             rng.check()  # ValueError now rather than inside a later allocate()
+        self.enqueue(req)
+
+    def enqueue(self, req: Request) -> None:
+        """Queue ``req``, checked by its caller (``EngineCore.check_request``: once, where the
+        request is accepted)."""
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already in flight")
         self.fair.arrive(req.tenant, req.weight)  # ValueError for a weight <= 0
         self.requests[req.request_id] = req
         req.enqueued_step = self.num_steps

@@ -14,11 +14,12 @@ on its own units (oneDNN's AMX or ``vdpbf16ps`` kernels), so ``dtype=auto`` serv
 checkpoints in bf16 there (``engine/runtime/device.py``). It is read from the kernel's CPU flags
 (``/proc/cpuinfo``), once, and is None under ``avx2``: oneDNN held to AVX2 has no bf16 units.
 
-torch and oneDNN read their two variables once, when the process runs its first CPU kernel, not
-at import; so :func:`export_torch_caps` runs when the ``engine`` package is imported (that import
-runs no torch op). Values already set for those two variables are kept. A process that ran torch
-ops before importing ``engine`` keeps torch's own choice: the GEMM still takes its AVX2 build and
-``engine/runtime/kernels/cpu/gemm.py`` logs that torch was not capped.
+torch and oneDNN read their two variables once, when the process runs its first CPU kernel, not at
+import; so :func:`export_torch_caps` runs when the engine's runtime is imported
+(engine/runtime/__init__.py; that import runs no torch op). Values already set for those two
+variables are kept. A process that ran torch ops before importing the runtime keeps torch's own
+choice: the GEMM still takes its AVX2 build and ``engine/runtime/kernels/cpu/gemm.py`` logs that
+torch was not capped.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ import os
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-ENV = "KVGATE_CPU_ISA"
+from engine.config import CPU_ISA
+
+ENV = CPU_ISA.name
 CHOICES = ("auto", "avx2")
 # what ``avx2`` exports for torch (ATen's dispatch) and oneDNN, unless already set
 TORCH_CAPS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}

@@ -7,11 +7,11 @@ the next kernel's threads need: on a 2-core host, 16% of a 256-token prefill's C
 libgomp spinning (perf), and ``PASSIVE`` (its threads sleep at once) cut that prefill from 134-150
 to 98-110 ms (bench/results/vllm_peer.json has the shapes).
 
-libgomp reads the variable once, when it is loaded (torch's import), so :func:`export` runs when
-the ``engine`` package is imported; a value already set is kept, and a process that imported
-torch before ``engine`` keeps libgomp's default. Child processes inherit it (kvgate's workers
-should); a program that is not kvgate gets :func:`foreign_environ` (llama.cpp's threads, for
-one, wait for each other after every op: sleeping there cut its decode to a quarter).
+libgomp reads the variable once, when it is loaded (torch's import), so :func:`export` runs when the
+engine's runtime is imported (engine/runtime/__init__.py); a value already set is kept, and a
+process that imported torch before the runtime keeps libgomp's default. Child processes inherit it
+(kvgate's workers should); a program that is not kvgate gets :func:`foreign_environ` (llama.cpp's
+threads, for one, wait for each other after every op: sleeping there cut its decode to a quarter).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from engine.runtime.grammar.runtime import GrammarRuntime
 from engine.runtime.kernels import check_step
 from engine.runtime.kernels.cpu import qgemm
 from engine.runtime.kernels.metadata import AttentionMetadata
-from engine.runtime.model.config import ModelConfig, ModelLoadError
+from engine.runtime.model.config import ModelConfig
 from engine.runtime.model.decoder import Decoder, KVCache
 from engine.runtime.model.inputs import StepInputs, build_step_inputs
 from engine.runtime.model.kv_memory import (
@@ -53,10 +53,11 @@ from engine.runtime.model.kv_memory import (
     read_cuda_memory,
 )
 from engine.runtime.model.loader import load_model
-from engine.runtime.model.tokenizer import Tokenizer
 from engine.runtime.sampling import Sampler
 from engine.runtime.tiers.host_pool import HostKVPool
 from engine.runtime.warmup import StepLimits, WarmupReport, profile_batch, run_warmup
+from engine.text.errors import ModelLoadError
+from engine.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 # EngineConfig.weights -> the activations of a linear whose weight is in GGUF blocks

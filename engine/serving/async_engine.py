@@ -57,17 +57,21 @@ from engine.params import SamplingParams
 from engine.serving.engine import EngineCore, PinJob
 
 if TYPE_CHECKING:
-    from engine.runtime.model.tokenizer import Tokenizer
+    from engine.text.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
 class _Add:
-    request_id: str
     token_ids: tuple[int, ...]
     params: SamplingParams
-    options: GenerateOptions
+    options: GenerateOptions  # checked on the loop, its request id set
     arrival_time: float
     sink: asyncio.Queue[RequestOutput | BaseException]  # put into on the event loop only
+
+    @property
+    def request_id(self) -> str:
+        assert self.options.request_id is not None, "an added request is named"
+        return self.options.request_id
 
 
 @dataclass(frozen=True)
@@ -225,18 +229,21 @@ class AsyncEngine:
         opts = GenerateOptions.of(options, **fields)
         await self._ensure_running()
         rid = request_id_or_new(opts.request_id)
+        opts = dataclasses.replace(opts, request_id=rid)
         if rid in self._streams:
             raise DuplicateRequestId(f"request id {rid!r} is already in flight")
-        if params.grammar is not None:  # a cold compile takes milliseconds: not on the loop
+        # The request's one validation (the engine thread takes it as checked): the grammar
+        # off the loop (a cold compile takes milliseconds), the rest here.
+        if params.grammar is not None:
             await asyncio.to_thread(self._core.check_grammar, params.grammar)
             if rid in self._streams:
                 raise DuplicateRequestId(f"request id {rid!r} is already in flight")
-        self._core.check_request(token_ids, params, opts.priorities)
+        ids = tuple(int(t) for t in token_ids)
+        self._core.check_shape(ids, params, opts)
         self._reserve_waiting_slot(opts.tenant, opts.weight)
         q: _Sink = asyncio.Queue()
         self._streams[rid] = q
-        arrival = time.monotonic()
-        self._inbox.put(_Add(rid, tuple(token_ids), params, opts, arrival, q))
+        self._inbox.put(_Add(ids, params, opts, time.monotonic(), q))
         done = False
         try:
             while True:
@@ -395,19 +402,7 @@ class AsyncEngine:
                 else:
                     del self._tenant_adds[cmd.options.tenant]
             try:
-                opts = cmd.options
-                core.add_request(
-                    cmd.token_ids,
-                    cmd.params,
-                    namespace=opts.namespace,
-                    request_id=cmd.request_id,
-                    priorities=opts.priorities,
-                    arrival_time=cmd.arrival_time,
-                    cache_scope=opts.cache_scope,
-                    tenant=opts.tenant,
-                    weight=opts.weight,
-                    priority=opts.priority,
-                )
+                core.add_checked(cmd.token_ids, cmd.params, cmd.options, cmd.arrival_time)
             except Exception as exc:  # validated on the loop already; report, do not die
                 return [(cmd.sink, exc)]
             self._sinks[cmd.request_id] = cmd.sink

@@ -18,12 +18,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from engine.config import EngineConfig
 from engine.constraints import Grammar
 from engine.core.batch import Sampled
-from engine.core.fairness import Priority
 from engine.core.kv import (
     CacheListener,
     CacheScope,
@@ -32,6 +31,7 @@ from engine.core.kv import (
     PrefixCache,
     PriorityRange,
 )
+from engine.core.options import DEFAULT_OPTIONS, GenerateFields, GenerateOptions
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 from engine.errors import PinRejected
@@ -40,8 +40,8 @@ from engine.params import SamplingParams
 from engine.serving.runner_api import Runner
 
 if TYPE_CHECKING:
-    from engine.runtime.model.tokenizer import Tokenizer
     from engine.runtime.snapshot_restore import Snapshots  # imports torch: loaded with the runner
+    from engine.text.tokenizer import Tokenizer
 
 _PIN_PREFIX = "__pin-"  # internal request ids; user ids never start with it (gateway ids do not)
 _PIN_PARAMS = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
@@ -133,25 +133,33 @@ class EngineCore:
         self,
         token_ids: Sequence[int],
         params: SamplingParams,
-        priorities: Sequence[PriorityRange] = (),
+        options: GenerateOptions = DEFAULT_OPTIONS,
     ) -> None:
-        """Raise PromptTooLong / ValueError for a request that can never run. An id outside the
-        vocabulary would fail inside the forward and stop the engine for every request; a
-        grammar that does not compile (GrammarRejected) would fail its first sampling step."""
-        self.scheduler.check_fits(len(token_ids), params.max_tokens)
+        """Raise PromptTooLong / ValueError / GrammarRejected for a request that can never run:
+        the one validation of a request, by whoever accepts it (``AsyncEngine.generate`` on the
+        caller's side, ``add_request`` for the rest). An id outside the vocabulary would fail
+        inside the forward and stop the engine for every request; a grammar that does not
+        compile would fail its first sampling step."""
         if params.grammar is not None:
             self.check_grammar(params.grammar)
+        self.check_shape(token_ids, params, options)
+
+    def check_shape(
+        self, token_ids: Sequence[int], params: SamplingParams, options: GenerateOptions
+    ) -> None:
+        """``check_request`` but the grammar (which its caller checked off the event loop)."""
+        self.scheduler.check_fits(len(token_ids), params.max_tokens)
         if token_ids and (min(token_ids) < 0 or max(token_ids) >= self.vocab_size):
             raise ValueError(f"token ids must lie in 0..{self.vocab_size - 1}")
         if any(not 0 <= tok < self.vocab_size for tok, _ in params.logit_bias):
             raise ValueError(f"logit_bias token ids must lie in 0..{self.vocab_size - 1}")
-        for rng in priorities:
+        for rng in options.priorities:
             rng.check()
 
     def check_grammar(self, grammar: Grammar) -> None:
         """GrammarRejected unless ``grammar`` compiles for this model's tokenizer (compiled once
         per digest, cached; any thread)."""
-        from engine.runtime.grammar import check_grammar
+        from engine.constraints.compiler import check_grammar
 
         check_grammar(grammar, self.runner.tokenizer)
 
@@ -159,32 +167,27 @@ class EngineCore:
         self,
         token_ids: Sequence[int],
         params: SamplingParams,
+        options: GenerateOptions = DEFAULT_OPTIONS,
         *,
-        namespace: str = "default",
-        request_id: str | None = None,
-        priorities: Sequence[PriorityRange] = (),
         arrival_time: float | None = None,
-        cache_scope: CacheScope | None = None,
-        tenant: str = "default",
-        weight: float = 1.0,
-        priority: Priority = "interactive",
     ) -> str:
-        rid = request_id if request_id is not None else self.new_request_id()
+        """Validate (``check_request``) and queue a request; its id."""
         ids = tuple(int(t) for t in token_ids)
-        self.check_request(ids, params, priorities)
-        req = Request(
-            request_id=rid,
-            namespace=namespace,
-            prompt_token_ids=ids,
-            sampling=params,
-            arrival_time=self.clock() if arrival_time is None else arrival_time,
-            priorities=tuple(priorities),
-            cache_scope=cache_scope,
-            tenant=tenant,
-            weight=weight,
-            priority=priority,
-        )
-        self.scheduler.add_request(req)
+        self.check_request(ids, params, options)
+        return self.add_checked(ids, params, options, arrival_time)
+
+    def add_checked(
+        self,
+        token_ids: tuple[int, ...],
+        params: SamplingParams,
+        options: GenerateOptions,
+        arrival_time: float | None = None,
+    ) -> str:
+        """Queue a request its caller validated with ``check_request`` (``AsyncEngine``
+        validates on the event loop, before it posts the request to this thread); its id."""
+        rid = options.request_id if options.request_id is not None else self.new_request_id()
+        at = self.clock() if arrival_time is None else arrival_time
+        self.scheduler.enqueue(Request(rid, token_ids, params, options, at))
         return rid
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -244,9 +247,8 @@ class EngineCore:
             job.request_id = f"{_PIN_PREFIX}{next(self._ids)}"
             self._pin_jobs[job.request_id] = job
             try:
-                self.add_request(
-                    job.token_ids, _PIN_PARAMS, namespace=namespace, request_id=job.request_id
-                )
+                options = GenerateOptions(namespace, job.request_id)
+                self.add_request(job.token_ids, _PIN_PARAMS, options)
             except Exception as exc:
                 del self._pin_jobs[job.request_id]
                 job.finish(None, PinRejected(f"prefix cannot be computed: {exc}"))
@@ -336,26 +338,11 @@ class Engine:
         self,
         token_ids: Sequence[int],
         params: SamplingParams,
-        *,
-        namespace: str = "default",
-        request_id: str | None = None,
-        priorities: Sequence[PriorityRange] = (),
-        cache_scope: CacheScope | None = None,
-        tenant: str = "default",
-        weight: float = 1.0,
-        priority: Priority = "interactive",
+        options: GenerateOptions | None = None,
+        **fields: Unpack[GenerateFields],
     ) -> str:
-        return self.core.add_request(
-            token_ids,
-            params,
-            namespace=namespace,
-            request_id=request_id,
-            priorities=priorities,
-            cache_scope=cache_scope,
-            tenant=tenant,
-            weight=weight,
-            priority=priority,
-        )
+        """Queue a request (``options``, or its fields as keywords: ``namespace=...``)."""
+        return self.core.add_request(token_ids, params, GenerateOptions.of(options, **fields))
 
     def step(self) -> list[RequestOutput]:
         return self.core.step()
@@ -383,14 +370,11 @@ class Engine:
         plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(plist)} SamplingParams for {len(prompts)} prompts")
-        for p, sp in zip(prompts, plist, strict=True):  # validate all before adding any
-            self.core.check_request(p, sp, priorities)
-        ids = [
-            self.add_request(
-                p, sp, namespace=namespace, priorities=priorities, cache_scope=cache_scope
-            )
-            for p, sp in zip(prompts, plist, strict=True)
-        ]
+        options = GenerateOptions(namespace, priorities=tuple(priorities), cache_scope=cache_scope)
+        batch = [(tuple(int(t) for t in p), sp) for p, sp in zip(prompts, plist, strict=True)]
+        for p, sp in batch:  # validate all before adding any
+            self.core.check_request(p, sp, options)
+        ids = [self.core.add_checked(p, sp, options) for p, sp in batch]
         pending = set(ids)
         finals: dict[str, RequestOutput] = {}
         while pending:

@@ -16,7 +16,7 @@ from engine.core.kv.transfers import TransferPlan
 from engine.core.step_cost import StepCost
 
 if TYPE_CHECKING:
-    from engine.runtime.model.tokenizer import Tokenizer  # the runtime: loaded with the runner
+    from engine.text.tokenizer import Tokenizer  # the runtime: loaded with the runner
 
 
 class Runner(Protocol):

@@ -6,11 +6,11 @@
 
 A prompt of up to 200,000 characters costs ~0.1-0.3 s of CPU to render and tokenize, and the
 event loop serves every tenant: so the heavy part of a write runs as one job on the tokenize pool
-(gateway/tokenize_pool.py: a worker thread at nice 19, in the tenant's turn, within its bounds):
-the tools' checks (their parameters' JSON Schemas against the meta-schema) and the whole prefix
-(text and tools through the chat template) counted against the prompt limit. The pin manager
-builds the new prefix the same way after the write (gateway/pins.py). What stays on the loop per
-write: decoding the JSON body, one read, one write transaction.
+(gateway/prompts/tokenize_pool.py: a worker thread at nice 19, in the tenant's turn, within its
+bounds): the tools' checks (their parameters' JSON Schemas against the meta-schema) and the whole
+prefix (text and tools through the chat template) counted against the prompt limit. The pin manager
+builds the new prefix the same way after the write (gateway/prompts/pins.py). What stays on the
+loop per write: decoding the JSON body, one read, one write transaction.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from aiohttp import web
 
 from gateway.admin.context import ADMIN_CONTEXT, PromptLimit
 from gateway.context import STATE
-from gateway.tokenize_pool import COMPILE_WORK, prompt_work
+from gateway.prompts.tokenize_pool import COMPILE_WORK, prompt_work
 from tenants.carry import ActiveVersion, Carry, prepare_version
 from tenants.errors import PromptTooLong
 from tenants.runtime import ToolPolicy

@@ -84,8 +84,8 @@ class AdminThrottle:
         self._blocked: OrderedDict[str, float] = OrderedDict()  # address digest -> until
 
     def address(self, request: web.Request) -> str:
-        """The client as the visitor rules count it (gateway/visitor.py: every X-Forwarded-For
-        header of a trusted proxy, an IPv6 network as one address), hashed."""
+        """The client as the visitor rules count it (gateway/access/visitor.py: every
+        X-Forwarded-For header of a trusted proxy, an IPv6 network as one address), hashed."""
         forwarded = ",".join(request.headers.getall("X-Forwarded-For", ())) or None
         who = client_address(request.remote, forwarded, self.limits.trusted_proxies)
         who = visitor_address(who, self.limits.ipv6_prefix)

@@ -18,10 +18,10 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.admin.context import ADMIN_CONTEXT
-from gateway.context import STATE
+from gateway.chat.tools.run.egress import EgressRefused
+from gateway.chat.tools.run.mcp import McpUnreachable
+from gateway.chat.tools.run.runner import TOOL_RUNNER
 from gateway.errors import ApiError, register_error
-from gateway.tools_exec.egress import EgressRefused
-from gateway.tools_exec.mcp import McpUnreachable
 from gateway.widget.body import read_json
 from tenants.mcp_store import McpServerIn, McpServerList, McpStore
 from tenants.schemas import ToolSecret, parse
@@ -43,8 +43,8 @@ async def add_mcp_server(request: web.Request) -> web.Response:
     ctx = request.app[ADMIN_CONTEXT]
     data = parse(McpServerIn, await read_json(request))
     tenant = await ctx.store.get_tenant(request.match_info["id"])  # 404 before connecting
-    state = request.config_dict.get(STATE)
-    client = state.tool_runner.mcp if state is not None and state.tool_runner else None
+    runner = request.config_dict.get(TOOL_RUNNER)
+    client = runner.mcp if runner is not None else None
     if client is None:
         raise ApiError(503, "MCP is not available", type_="service_unavailable")
     try:

@@ -16,7 +16,8 @@ from typing import TypeVar
 from aiohttp import web
 
 from engine.params import SamplingParams
-from gateway.auth import Principal
+from gateway.access.auth import Principal
+from gateway.access.visitor import request_visitor
 from gateway.chat.bounds import (
     check_choices,
     check_logprobs_size,
@@ -39,13 +40,12 @@ from gateway.chat.tools.tenant import request_choice, tenant_tool_defs
 from gateway.chat.tools.validate import check_plan, needs_compile
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState
 from gateway.errors import ApiError
-from gateway.pins import PromptEntry
+from gateway.prompts.pins import PromptEntry
+from gateway.prompts.tokenize_pool import COMPILE_WORK, prompt_work
 from gateway.ratelimit import Decision, Lease, LimiterUnavailable, Scope
 from gateway.ratelimit.scopes import VisitorDefaults, admission_scopes
 from gateway.ratelimit.types import REASON_TOO_WIDE
 from gateway.settings import ModelSettings
-from gateway.tokenize_pool import COMPILE_WORK, prompt_work
-from gateway.visitor import request_visitor
 from tenants.runtime import TenantRuntime
 
 T = TypeVar("T")
@@ -277,7 +277,7 @@ def request_scopes(request: web.Request, principal: Principal) -> tuple[Scope, .
         principal.runtime,
         principal.identity,
         principal.end_user_id,
-        request_visitor(request),
+        request_visitor(request, request.app[SETTINGS].ratelimit),
         defaults,
     )
 

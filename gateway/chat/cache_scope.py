@@ -8,7 +8,7 @@ earlier turns, never another's::
 
     widget session token      user:<session end user>   signed by the tenant
     widget key, no session    addr:<visitor address>    the visitor of the per-visitor limits
-                                                        (gateway/visitor.py: IPv6 by network)
+                                                        (gateway/access/visitor.py: IPv6 by network)
     server key with `user`    user:<user>               the tenant's backend names its end user
     server key, no `user`     key:<key id>              see below
 
@@ -29,9 +29,10 @@ import hmac
 
 from aiohttp import web
 
-from engine.core.kv import CacheScope
-from gateway.auth import Principal
-from gateway.visitor import request_visitor
+from engine.api import CacheScope
+from gateway.access.auth import Principal
+from gateway.access.visitor import request_visitor
+from gateway.context import SETTINGS
 
 SALT_BYTES = 16
 
@@ -58,6 +59,6 @@ def request_cache_scope(
     """The scope of one chat request; ``shared_tokens``: its tenant prefix's length."""
     address = ""
     if principal.is_widget and principal.end_user_id is None:
-        address = request_visitor(request)
+        address = request_visitor(request, request.app[SETTINGS].ratelimit)
     identity = end_user_identity(principal, user, address)
     return derive(principal.runtime.cache_salt, identity, shared_tokens)

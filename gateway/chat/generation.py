@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from engine.api import EngineClient, GenerateOptions
 from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from engine.params import SamplingParams
-from engine.runtime.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine.text.tokenizer import IncrementalDetokenizer, Tokenizer
 from gateway.chat.stops import StopMatcher
 
 # How long a request that did not finish (the client went away, the handler failed) waits for the

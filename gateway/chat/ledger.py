@@ -13,13 +13,14 @@ import time
 
 from aiohttp import web
 
-from gateway.auth import Principal
+from gateway.access.auth import Principal
+from gateway.access.visitor import request_visitor
 from gateway.chat.observe import RequestObserver
 from gateway.chat.schemas import ChatRequest
+from gateway.context import SETTINGS
 from gateway.usage.budgets import Reservation
 from gateway.usage.ledger import LEDGER
 from gateway.usage.record import UsageRecord, outcome_of
-from gateway.visitor import request_visitor
 from tenants.usage_models import END_USER_MAX
 
 PROMPT_VERSION = web.RequestKey("prompt_version", int)
@@ -59,12 +60,12 @@ def shares(reserved: list[int], used: int) -> list[int]:
 
 def end_user_of(request: web.Request, principal: Principal, user: str | None) -> str | None:
     """The session's end user; a widget visitor without one as ``visitor:<hash of its visitor
-    address>`` (gateway/visitor.py; the browser's ``user`` is not trusted, as for the cache
+    address>`` (gateway/access/visitor.py; the browser's ``user`` is not trusted, as for the cache
     scope); a server key's ``user``."""
     if principal.end_user_id is not None:
         return principal.end_user_id[:END_USER_MAX]
     if principal.is_widget:
-        addr = request_visitor(request)
+        addr = request_visitor(request, request.app[SETTINGS].ratelimit)
         return "visitor:" + hashlib.blake2b(addr.encode(), digest_size=8).hexdigest()
     return user[:END_USER_MAX] if user else None
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from engine.outputs import TokenLogprob
-from engine.runtime.model.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 

@@ -11,16 +11,16 @@ the Llama/Qwen templates do); a template that does not is rejected loudly, never
 
 Control tokens: in the conversation only the template's own structure yields them; text in client
 messages is encoded as plain text, so ``<|im_end|>\n<|im_start|>system`` written by a client is
-a few ordinary tokens, never a turn of its own (engine/runtime/model/chat_encoding.py). The
+a few ordinary tokens, never a turn of its own (engine/text/chat_encoding.py). The
 tenant's system prompt is the operator's, encoded as it always was (control-token strings in it are
 control tokens): the pinned prefix stays token-identical.
 
 Bounds checked before any rendering or tokenizing (``check_bounds``): at most
 ``min(MAX_MESSAGES, max_model_len)`` messages, and no more characters than ``max_model_len``
-tokens can cover (engine/runtime/model/text_bound.py: a bound that never refuses a prompt that
+tokens can cover (engine/text/text_bound.py: a bound that never refuses a prompt that
 fits, for templates that copy message text).
 
-The prefix itself (``TenantPrefix``, ``build_prefix``) is gateway/tenant_prefix.py's.
+The prefix itself (``TenantPrefix``, ``build_prefix``) is gateway/prompts/tenant_prefix.py's.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from engine.runtime.model.chat_encoding import ForgedMark, TokenLimitExceeded
-from engine.runtime.model.chat_template import TemplateError
-from engine.runtime.model.text_bound import TextBound
+from engine.text.chat_encoding import ForgedMark, TokenLimitExceeded
+from engine.text.chat_template import TemplateError
+from engine.text.text_bound import TextBound
 from gateway.chat.bounds import message_cap, too_many_messages
 from gateway.chat.messages import ChatMessage
 from gateway.chat.tools.render import Rendering, plain_messages
 from gateway.errors import ApiError
-from gateway.tenant_prefix import ChatTokenizer, TemplateMismatch, TenantPrefix
+from gateway.prompts.tenant_prefix import ChatTokenizer, TemplateMismatch, TenantPrefix
 
 
 def check_client_system(

@@ -28,7 +28,7 @@ import time
 from aiohttp import web
 
 from engine.api import GenerateOptions
-from gateway.auth import Principal
+from gateway.access.auth import Principal
 from gateway.chat.admission import (
     HeldLimits,
     admit,
@@ -50,14 +50,15 @@ from gateway.chat.schemas import (
     usage_body,
 )
 from gateway.chat.sse import open_stream, send_done, send_event
-from gateway.chat.tool_loop import respond, tool_loop
-from gateway.chat.tool_stream import stream as stream_tools
 from gateway.chat.tools.answer import ToolStream, complete
 from gateway.chat.tools.formats import ToolFormat
+from gateway.chat.tools.loop import respond, tool_loop
+from gateway.chat.tools.run.runner import TOOL_RUNNER
+from gateway.chat.tools.stream import stream as stream_tools
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState
-from gateway.drain import SHUTDOWN_CODE, shutdown_error
 from gateway.errors import REQUEST_ID, TENANT, ApiError, new_request_id, to_api_error
-from gateway.pins import PromptEntry
+from gateway.lifecycle.drain import SHUTDOWN_CODE, shutdown_error
+from gateway.prompts.pins import PromptEntry
 from gateway.ratelimit import Lease
 
 CLIENT_CLOSED = 499  # status recorded when the client went away mid-request
@@ -191,7 +192,8 @@ async def _serve(
         await gen.start()
         obs.stats = gen.stats  # admitted by the engine: recorded whatever ends the request
         tools = request.app[SETTINGS].tools
-        loop = tool_loop(state, rt, entry, body, ready, options, tools, held.admit_step)
+        runner = request.app.get(TOOL_RUNNER)
+        loop = tool_loop(state, runner, rt, entry, body, ready, options, tools, held.admit_step)
         if loop is not None:  # the gateway runs the tenant's tools
             answer = stream_tools if body.stream else respond
             return await answer(request, loop, gen, rid, headers, obs), gen.stats

@@ -18,7 +18,7 @@ from gateway.cluster.engine import ClusterEngine
 
 
 class ClusterView(Protocol):
-    """Where the view finds the cluster (gateway/engine_source.py ``RunningEngine``)."""
+    """Where the view finds the cluster (gateway/lifecycle/engine_source.py ``RunningEngine``)."""
 
     @property
     def cluster(self) -> ClusterEngine | None: ...  # None: the engine runs in this process

@@ -1,5 +1,5 @@
 """Opening the cluster engine: chosen from settings when the app is built, opened in its
-``cleanup_ctx`` (gateway/engine_source.py), never before the event loop runs.
+``cleanup_ctx`` (gateway/lifecycle/engine_source.py), never before the event loop runs.
 
     KVGATE_WORKERS set     -> those workers (a host name may stand for several)
     unset (kvgate serve)   -> one local worker process started at open (gateway/cluster/local.py)
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from engine.serving.worker.messages import TokenizerPayload, WireError, WorkerInfo, from_json
+from engine.remote.messages import TokenizerPayload, WireError, WorkerInfo, from_json
 from gateway.cluster.discovery import parse_workers
 from gateway.cluster.engine import ClusterEngine
 from gateway.cluster.loadstats import LoadStats

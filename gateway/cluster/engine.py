@@ -24,15 +24,22 @@ from typing import Any
 import aiohttp
 import structlog
 
-from engine.api import DEFAULT_OPTIONS, EngineInfo, GenerateOptions, PinStatus, PinTicket
-from engine.core.kv import CacheScope, CacheStats
-from engine.core.request import request_id_or_new
+from engine.api import (
+    DEFAULT_OPTIONS,
+    CacheScope,
+    CacheStats,
+    EngineInfo,
+    GenerateOptions,
+    PinStatus,
+    PinTicket,
+    request_id_or_new,
+)
 from engine.errors import EngineClosed, EngineOverloaded, PinRejected
 from engine.outputs import RequestOutput
 from engine.params import SamplingParams
-from engine.runtime.model.tokenizer import Tokenizer
-from engine.serving.worker.messages import WireError, WorkerInfo
-from gateway.cluster.client import WorkerClient, WorkerUnavailable
+from engine.remote.client import WorkerClient, WorkerUnavailable
+from engine.remote.messages import WireError, WorkerInfo
+from engine.text.tokenizer import Tokenizer
 from gateway.cluster.discovery import resolve_workers
 from gateway.cluster.forget import SnapshotForgets
 from gateway.cluster.kvindex import KvIndex

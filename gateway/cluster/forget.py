@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 import structlog
 
-from engine.serving.worker.messages import WireError
-from gateway.cluster.channel import WorkerUnavailable
+from engine.remote.channel import WorkerUnavailable
+from engine.remote.messages import WireError
 from gateway.cluster.members import Member
 
 log = structlog.get_logger(__name__)

@@ -25,13 +25,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from engine.core.kv import types as tiers
-from engine.core.kv.hashing import CacheScope, block_keys, root_key
-from engine.serving.worker.messages import KvEvent, Removed, Stored, Tiered
+from engine.api import CacheScope
+from engine.remote.keys import reusable_block_keys
+from engine.remote.messages import KvEvent, Removed, Stored, Tier, Tiered
 
 DEVICE = 1  # where a worker holds a key (bits)
 HOST = 2
-_TIER_BIT = {tiers.DEVICE: DEVICE, tiers.HOST: HOST}
+_TIER_BIT: dict[Tier, int] = {"device": DEVICE, "host": HOST}
 
 
 class KvIndex:
@@ -101,8 +101,7 @@ class KvIndex:
         """(blocks, workers): the longest prefix of full blocks some worker holds, in either
         tier; the workers holding its last block on the device, else those holding it in host
         memory."""
-        n = (len(token_ids) - 1) // block_size  # the engine never reuses the last token's block
-        keys = block_keys(root_key(namespace), token_ids, block_size, 0, n, scope)
+        keys = reusable_block_keys(namespace, token_ids, block_size, scope)
         holders = self._holders
         for i in range(len(keys) - 1, -1, -1):
             ws = holders.get(keys[i].hex())

@@ -1,8 +1,19 @@
-"""The one local worker ``kvgate serve`` starts when ``KVGATE_WORKERS`` is unset.
+"""The launcher: every way the gateway's code starts an engine, and the one gateway module that
+imports the engine below its boundary (tests/test_import_graph.py names it).
 
-It is ``kvgate worker`` in a child process on a free loopback port, with a fresh random token,
-the parent's environment (so every ``KVGATE_*`` engine setting applies) and its standard input
-on a pipe: when the gateway process ends, however it ends, the pipe closes and the worker stops.
+    LocalWorker         the one local worker ``kvgate serve`` starts when ``KVGATE_WORKERS`` is
+                        unset: ``kvgate worker`` in a child process
+    run_worker          ``kvgate worker`` itself: the engine behind the worker transport
+    load_in_process     the engine in this process, on a thread (tests, benchmarks, a gateway
+                        given only a model directory)
+    write_demo_model    the demo model's random weights (``kvgate serve`` offline)
+
+Each needs the engine extra (torch): ``engine_missing`` says so in one line where it is not
+installed (``pip install kvgate`` is the gateway alone, ``pip install "kvgate[engine]"`` adds it).
+
+The local worker is a child process on a free loopback port, with a fresh random token, the
+parent's environment (so every ``KVGATE_*`` engine setting applies) and its standard input on a
+pipe: when the gateway process ends, however it ends, the pipe closes and the worker stops.
 With ``unix=True`` it also listens on a Unix domain socket in a private temporary directory
 (``unix_path``): where the gateway makes its calls (the message transport).
 """
@@ -11,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import secrets
 import shutil
@@ -19,12 +31,70 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from engine.serving.worker.main import READY_PREFIX
+from engine.api import EngineClient
+from engine.remote.messages import READY_PREFIX
+
+if TYPE_CHECKING:
+    from gateway.settings import ModelSettings
+
+ENGINE_EXTRA = "kvgate[engine]"
 
 
 class LocalWorkerError(RuntimeError):
     """The local worker did not start (its output is in the message)."""
+
+
+def engine_missing() -> str | None:
+    """Why this install cannot run an engine (one line), or None when it can."""
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except ImportError:  # a broken install (or a finder that refuses it) counts as none
+        found = False
+    return None if found else f"the engine is not installed: pip install '{ENGINE_EXTRA}'"
+
+
+def check_local_model(model_dir: str, dtype: str) -> None:
+    """The loaders' own weight-free checks of the model a local engine is to load (headers,
+    metadata, files present; torch-free): their ``ModelLoadError`` before anything starts."""
+    from engine.runtime.model.checkpoint import check_model
+
+    check_model(model_dir, dtype)
+
+
+def load_in_process(model: ModelSettings, model_dir: str) -> EngineClient:
+    """The model's engine in this process (seconds to minutes: call it off the event loop)."""
+    from engine.serving.async_engine import AsyncEngine
+
+    return AsyncEngine.from_pretrained(model_dir, **model.engine_overrides())
+
+
+def run_worker(
+    model_dir: str,
+    token: str,
+    worker_id: str,
+    overrides: dict[str, Any],
+    *,
+    host: str,
+    port: int,
+    exit_with_stdin: bool,
+    unix_path: str | None,
+) -> None:
+    """``kvgate worker``: load the model and serve it until stopped (``ModelLoadError`` for
+    what only loading finds)."""
+    from engine.serving.worker.main import build_app, serve_worker
+
+    app = build_app(model_dir, token, worker_id, **overrides)
+    asyncio.run(serve_worker(app, host, port, exit_with_stdin=exit_with_stdin, unix_path=unix_path))
+
+
+def write_demo_model(path: Path) -> Path:
+    """The demo model (random weights, deterministic) written to ``path``."""
+    from engine.runtime.model.demo import write_demo_model as write
+
+    return write(path)
 
 
 class LocalWorker:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from engine.serving.worker.messages import WorkerInfo, WorkerLoad
-from gateway.cluster.client import WorkerClient
+from engine.remote.client import WorkerClient
+from engine.remote.messages import WorkerInfo, WorkerLoad
 
 # Consecutive failed health checks before a worker is taken out: a refused connection (nothing
 # listens: the process is gone) counts double, a timeout (busy, or hung) once.

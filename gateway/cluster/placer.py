@@ -33,12 +33,16 @@ from typing import Any
 
 import structlog
 
-from engine.api import GenerateOptions, PinStatus, PinTier
-from engine.core.kv import PinHandle
-from engine.core.request import request_id_or_new
+from engine.api import (
+    GenerateOptions,
+    PinHandle,
+    PinStatus,
+    PinTier,
+    request_id_or_new,
+)
 from engine.errors import EngineError
 from engine.params import SamplingParams
-from engine.serving.worker.messages import WireError
+from engine.remote.messages import WireError
 from gateway.cluster.members import Member
 from gateway.cluster.placement import (
     Placement,

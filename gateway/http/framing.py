@@ -16,7 +16,7 @@ duplicate singleton headers, ``Host`` in HTTP/1.1, target forms, ``Transfer-Enco
 before its stream does: :class:`DeflateEnd`). So a request passed on is one
 aiohttp's parser accepts, and one it would refuse (answering with plain text that quotes the
 offending line) is refused here instead: a :class:`Refusal` carrying an OpenAI-shaped error.
-tests/gateway/test_http.py holds both parsers to that with hostile heads.
+tests/gateway/http/test_http.py holds both parsers to that with hostile heads.
 """
 
 from __future__ import annotations

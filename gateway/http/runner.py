@@ -91,7 +91,7 @@ class GatewayRunner:
 
     async def cleanup(self) -> None:
         """Stop listening at once, then aiohttp's graceful shutdown: ``on_shutdown`` (the drain
-        of gateway/drain.py) while handlers still run, connections closed within
+        of gateway/lifecycle/drain.py) while handlers still run, connections closed within
         ``shutdown_timeout``, ``cleanup_ctx`` closed."""
         for server in self._listeners:
             server.close()
@@ -123,8 +123,8 @@ def run_app(
     shutdown_timeout, handler_cancellation, access_log, ...). Exceptions from the app's start-up
     propagate, as from ``web.run_app``.
 
-    A signal only ends the wait: the clean-up (the drain of gateway/drain.py, where streams
-    finish or end with an error event) runs while the handlers still run. A ``GracefulExit``
+    A signal only ends the wait: the clean-up (the drain of gateway/lifecycle/drain.py, where
+    streams finish or end with an error event) runs while the handlers still run. A ``GracefulExit``
     raised by the signal would leave ``asyncio.run`` through its cancellation of every task,
     cutting all handlers at once before the clean-up starts."""
     runner = make_runner(app, header_timeout_s, body_timeout_s, **runner_kwargs)

@@ -23,7 +23,7 @@ class DatabaseGauge:
 
 def database_gauge(health: DbHealth, stale_max_s: float) -> DatabaseGauge:
     """``up`` as ``DbHealth`` knows it; ``serving_stale`` while down for at most ``stale_max_s``
-    (``/readyz`` calls that state "degraded", gateway/dbready.py)."""
+    (``/readyz`` calls that state "degraded", gateway/lifecycle/dbready.py)."""
     snap = health.snapshot()
     if snap.up:
         return DatabaseGauge(True, False)

@@ -12,7 +12,8 @@
     completion (the usage record): ``settle`` adds used - reserved, off the request path
     soft threshold (a budget's ``soft_fraction``): the first admission that crosses it logs
       ``budget_soft_threshold``, counts ``kvgate_budget_soft_threshold_total`` and tells
-      ``on_soft`` (gateway/tools_exec/budget_webhook.py: the budget's signed webhook, if it has one)
+      ``on_soft`` (gateway/chat/tools/run/budget_webhook.py: the budget's signed webhook, if it has
+      one)
 
 Definitions (table ``usage_budgets``) are held in memory, reloaded every few seconds and at once
 in the gateway that changes them. Seeds read hour rollups, so a window that starts inside an

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.auth import CORS_ORIGIN
+from gateway.access.auth import CORS_ORIGIN
 from gateway.errors import ApiError
 
 PUBLIC_PREFIX = "/widget/v1/"

@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from gateway.auth import Principal
+from gateway.access.auth import Principal
 from gateway.chat.admission import rate_limit_error
 from gateway.context import GatewayState
 from gateway.ratelimit import SCOPE_KEY, SCOPE_TENANT, Decision, Lease, Limits, Scope

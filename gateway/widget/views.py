@@ -15,7 +15,7 @@ from pathlib import Path
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gateway import session_tokens
+from gateway.access import session_tokens
 from gateway.context import SETTINGS, STATE
 from gateway.errors import ApiError
 from gateway.widget import issuance

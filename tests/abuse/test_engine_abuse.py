@@ -26,7 +26,7 @@ from engine.params import SamplingParams
 from engine.serving.engine import Engine
 from gateway.chat.admission import sampling_params
 from gateway.chat.schemas import parse_chat_request
-from gateway.default_model import SAMPLING_DEFAULTS
+from gateway.commands.default_model import SAMPLING_DEFAULTS
 from gateway.settings import Settings
 from tests.abuse.hostile import Hostile, catalogue, chat, encode
 

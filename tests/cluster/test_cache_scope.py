@@ -14,9 +14,9 @@ from engine.api import GenerateOptions
 from engine.core.kv import CacheScope
 from engine.core.kv.hashing import block_keys, root_key
 from engine.params import SamplingParams
-from engine.serving.worker import messages as m
-from engine.serving.worker.messages import STORED, kv_events
-from gateway.cluster.client import WorkerClient
+from engine.remote import messages as m
+from engine.remote.client import WorkerClient
+from engine.remote.messages import STORED, kv_events
 from gateway.cluster.local import LocalWorker
 from gateway.cluster.placement import WorkerSlot, hrw_order, place
 from gateway.cluster.placer import TenantPin, placement_key

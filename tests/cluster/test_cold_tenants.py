@@ -4,8 +4,8 @@ where their prompt is still cached."""
 from __future__ import annotations
 
 from engine.core.kv.hashing import block_keys, root_key
-from engine.serving.worker.messages import STORED, kv_events
-from gateway.cluster.client import WorkerClient, WorkerInfo
+from engine.remote.client import WorkerClient, WorkerInfo
+from engine.remote.messages import STORED, kv_events
 from gateway.cluster.engine import ClusterEngine
 from gateway.cluster.members import Member
 from gateway.cluster.placement import (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from engine.api import GenerateOptions
 from engine.params import SamplingParams
-from gateway.cluster.client import WorkerLost
+from engine.remote.client import WorkerLost
 from gateway.cluster.engine import ClusterEngine
 from tests.cluster.workers import cluster_engine, start_workers, stop_all
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.cluster.client import WorkerInfo, WorkerUnavailable
+from engine.remote.client import WorkerInfo, WorkerUnavailable
 from gateway.cluster.forget import SnapshotForgets
 from gateway.cluster.members import Member
 

@@ -15,7 +15,7 @@ from engine.api import GenerateOptions
 from engine.constraints import Grammar
 from engine.errors import GrammarRejected
 from engine.params import SamplingParams
-from engine.serving.worker import messages as m
+from engine.remote import messages as m
 from gateway.cluster.local import LocalWorker
 from tests.cluster.workers import KV_CACHE_BYTES, cluster_engine, start_workers, stop_workers
 from tests.engine.grammar._schemas import PERSON, PERSON_GRAMMAR

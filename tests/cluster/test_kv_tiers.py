@@ -15,14 +15,14 @@ import pytest
 
 from engine.core.kv import BlockState, PinHandle, PrefixCache
 from engine.core.kv.hashing import block_keys, root_key
-from engine.serving.worker import messages as m
+from engine.remote import messages as m
+from engine.remote.client import WorkerClient
+from engine.remote.messages import REMOVED, STORED, TIER, KvEvent, kv_events
 from engine.serving.worker.events import KvEventHub
-from engine.serving.worker.messages import REMOVED, STORED, TIER, KvEvent, kv_events
 from gateway.cluster.admin import cluster_report
-from gateway.cluster.client import WorkerClient
 from gateway.cluster.kvindex import DEVICE, HOST, KvIndex
 from gateway.cluster.local import LocalWorker
-from gateway.pins import PINNED, PinManager, PromptEntry
+from gateway.prompts.pins import PINNED, PinManager, PromptEntry
 from tests.cluster.workers import TOKEN, cluster_engine, start_workers, stop_workers, worker_env
 
 BS = 16

@@ -13,9 +13,9 @@ import pytest
 
 from engine.api import GenerateOptions
 from engine.params import SamplingParams
-from engine.serving.worker import messages as m
-from gateway.cluster.channel import WorkerChannel, WorkerUnavailable
-from gateway.cluster.client import WorkerClient
+from engine.remote import messages as m
+from engine.remote.channel import WorkerChannel, WorkerUnavailable
+from engine.remote.client import WorkerClient
 from gateway.cluster.local import LocalWorker
 from tests.cluster.workers import TOKEN, worker_env
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.serving.worker.messages import WorkerInfo
-from gateway.cluster.client import WorkerClient
+from engine.remote.client import WorkerClient
+from engine.remote.messages import WorkerInfo
 from gateway.cluster.members import Member
 from gateway.cluster.router import choose
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from engine.api import GenerateOptions
 from engine.core.kv import PinHandle
-from gateway.cluster.client import WorkerInfo
+from engine.remote.client import WorkerInfo
 from gateway.cluster.members import Member
 from gateway.cluster.placement import hrw_order
 from gateway.cluster.placer import Placer, TenantPin

@@ -11,7 +11,7 @@ import pytest
 
 from engine.api import GenerateOptions
 from engine.params import SamplingParams
-from gateway.cluster.client import WorkerClient
+from engine.remote.client import WorkerClient
 from gateway.cluster.local import LocalWorker
 from tests.cluster.workers import KV_CACHE_BYTES, TOKEN
 

@@ -16,13 +16,13 @@ from aiohttp import web
 from engine.api import GenerateOptions
 from engine.errors import PromptTooLong
 from engine.params import SamplingParams
+from engine.remote import messages as m
+from engine.remote.channel import WorkerChannel
+from engine.remote.client import WorkerClient, WorkerLost, WorkerUnavailable
+from engine.remote.messages import CALLS_PATH
 from engine.serving.async_engine import AsyncEngine
-from engine.serving.worker import messages as m
 from engine.serving.worker.events import KvEventHub
 from engine.serving.worker.server import WORKER, create_worker_app
-from engine.serving.worker.transport import CALLS_PATH
-from gateway.cluster.channel import WorkerChannel
-from gateway.cluster.client import WorkerClient, WorkerLost, WorkerUnavailable
 from gateway.cluster.local import LocalWorker
 from tests.cluster.workers import worker_env
 from tests.engine._tiny_model import kv_bytes, tiny_model_dir
@@ -189,7 +189,7 @@ async def test_a_worker_of_another_protocol_is_not_taken_in(served: Served) -> N
 
 
 def test_the_tokenizer_payload_rebuilds_the_same_tokenizer() -> None:
-    from engine.runtime.model.tokenizer import Tokenizer
+    from engine.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_pretrained(tiny_model_dir())
     payload = m.from_json(m.to_json(m.TokenizerPayload.of(tok)), m.TokenizerPayload)

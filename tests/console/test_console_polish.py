@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tests.console.console import Env, settle, sign_in, tid, watched_page
+from tests.gateway.chat.tools.tenant.test_admin_tools import LOOKUP
 from tests.gateway.harness import ADMIN_TOKEN
-from tests.gateway.tenant_tools.test_admin_tools import LOOKUP
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

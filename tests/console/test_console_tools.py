@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from tests.console.console import Env, settle, sign_in, tid, watched_page
+from tests.gateway.chat.tools.tenant.test_admin_tools import CLIENT_SIDE, LOOKUP
 from tests.gateway.harness import ADMIN_TOKEN, LiveGateway
-from tests.gateway.tenant_tools.test_admin_tools import CLIENT_SIDE, LOOKUP
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 NAMED = {"type": "function", "function": {"name": "lookup_order"}}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.default_model import DefaultModelUnavailable, ensure_default_model
+from gateway.commands.default_model import DefaultModelUnavailable, ensure_default_model
 
 MODELS_CACHE = Path.home() / ".cache" / "kvgate" / "models"
 

@@ -15,7 +15,7 @@ import torch
 
 from engine.params import SamplingParams
 from engine.serving.engine import Engine
-from gateway.default_model import GGUF_BYTES
+from gateway.commands.default_model import GGUF_BYTES
 
 QUESTION = "My rocket order 4711 has not arrived"
 TOKENS = 24

@@ -19,7 +19,7 @@ from gateway.chat.tools.formats import SMOLLM2, detect_format, renders_tools
 from gateway.chat.tools.models import ToolDef
 from gateway.chat.tools.parser import ToolCallParser
 from gateway.chat.tools.plan import plan_output
-from gateway.tenant_prefix import build_prefix
+from gateway.prompts.tenant_prefix import build_prefix
 
 PARAMS = {
     "type": "object",

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from engine.config import EngineConfig
 from engine.core.batch import ScheduledBatch
 from engine.core.kv import PrefixCache
+from engine.core.options import GenerateOptions
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 from engine.core.step_cost import StepCost
@@ -99,7 +100,7 @@ def make_request(
     **params: object,
 ) -> Request:
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, **params)  # type: ignore[arg-type]
-    return Request(rid, namespace, tuple(prompt), sampling, arrival)
+    return Request(rid, tuple(prompt), sampling, GenerateOptions(namespace), arrival)
 
 
 def add(sched: Scheduler, runner: FakeRunner, req: Request) -> None:

@@ -11,6 +11,7 @@ import itertools
 
 import pytest
 
+from engine.core.options import GenerateOptions
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 from engine.params import SamplingParams
@@ -31,16 +32,8 @@ def req(
     i = next(_ids)
     prompt = tuple(1 + (i * 7 + k) % 90 for k in range(n))  # distinct: no prefix sharing
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    return Request(
-        f"{tenant}-{i}",
-        tenant,
-        prompt,
-        sampling,
-        0.0,
-        tenant=tenant,
-        weight=weight,
-        priority=priority,
-    )  # type: ignore[arg-type]
+    options = GenerateOptions(tenant, tenant=tenant, weight=weight, priority=priority)  # type: ignore[arg-type]
+    return Request(f"{tenant}-{i}", prompt, sampling, options, 0.0)
 
 
 def backlog(sched: Scheduler, runner: FakeRunner, tenant: str, count: int, **kw: object) -> None:
@@ -189,11 +182,13 @@ def test_a_less_served_dependent_never_stalls_its_owner() -> None:
     runner = FakeRunner(4)
     prompt = tuple(range(1, 41))
     sampling = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-    owner = Request("o", "ns", prompt, sampling, 0.0, tenant="x")
+    owner = Request("o", prompt, sampling, GenerateOptions("ns", tenant="x"), 0.0)
     add(sched, runner, owner)
     step(sched, runner)
     tail = tuple(range(50, 70))  # more than a step's budget past the shared prefix
-    dependent = Request("d", "ns", (*prompt, *tail), sampling, 0.0, tenant="y", weight=4.0)
+    dependent = Request(
+        "d", (*prompt, *tail), sampling, GenerateOptions("ns", tenant="y", weight=4.0), 0.0
+    )
     add(sched, runner, dependent)
     finals = run_all(sched, runner)  # fails on an idle step
     assert finals["o"].token_ids == solo_output(prompt, 3)

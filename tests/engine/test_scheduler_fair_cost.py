@@ -16,6 +16,7 @@ import pytest
 
 from engine.core.batch import ScheduledBatch
 from engine.core.fairness import FairShare, Want, plan_step
+from engine.core.options import GenerateOptions
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 from engine.core.step_cost import StepCost
@@ -66,7 +67,11 @@ class TwoTenants:
     def submit(self, tenant: str, prompt: tuple[int, ...]) -> None:
         rid = f"{tenant}-{next(self.ids)}"
         sampling = SamplingParams(max_tokens=OUTPUT, temperature=0.0, ignore_eos=True)
-        add(self.sched, self.runner, Request(rid, tenant, prompt, sampling, 0.0, tenant=tenant))
+        add(
+            self.sched,
+            self.runner,
+            Request(rid, prompt, sampling, GenerateOptions(tenant, tenant=tenant), 0.0),
+        )
         self.expected[rid] = solo_output(prompt, OUTPUT)
 
     def new(self, tenant: str) -> None:
@@ -122,11 +127,12 @@ def test_every_chunk_is_charged_its_cost_with_the_context_it_reads() -> None:
     runner = FakeRunner(4)
     sampling = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
     prefix = tuple(range(1, 25))
-    first = Request("x-0", "ns", prefix, sampling, 0.0, tenant="x", weight=2.0)
+    options = GenerateOptions("ns", tenant="x", weight=2.0)
+    first = Request("x-0", prefix, sampling, options, 0.0)
     add(sched, runner, first)
     while sched.has_unfinished():  # the prefix computed, then cached
         step(sched, runner)
-    second = Request("x-1", "ns", (*prefix, 40, 41), sampling, 0.0, tenant="x", weight=2.0)
+    second = Request("x-1", (*prefix, 40, 41), sampling, options, 0.0)
     add(sched, runner, second)
     charged = 0.0
     while second.num_output_tokens < 4:

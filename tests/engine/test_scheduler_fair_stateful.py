@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from engine.core.options import GenerateOptions
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 from engine.params import SamplingParams
@@ -66,16 +67,9 @@ class FairSchedulerMachine(RuleBasedStateMachine):
         rid = f"{tenant}{next(self.ids)}"
         prompt = (*base, *tail)
         sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        req = Request(
-            rid,
-            "ns",
-            prompt,
-            sampling,
-            0.0,
-            tenant=tenant,
-            weight=weight,
-            priority="batch" if batch else "interactive",
-        )
+        priority = "batch" if batch else "interactive"
+        options = GenerateOptions("ns", tenant=tenant, weight=weight, priority=priority)
+        req = Request(rid, prompt, sampling, options, 0.0)
         add(self.sched, self.runner, req)
         self.expected[rid] = solo_output(prompt, max_tokens)
 

@@ -19,6 +19,7 @@ import itertools
 import pytest
 
 from engine.core.fairness import FairRequest, FairShare, Want, plan_step, slot_victim
+from engine.core.options import GenerateOptions
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 from engine.params import SamplingParams
@@ -44,9 +45,8 @@ class ClosedLoop:
             prompt = tuple(1 + (i * 7919 + k * 31) % 90 for k in range(self.prompt))
             sampling = SamplingParams(max_tokens=self.output, temperature=0.0, ignore_eos=True)
             weight = WEIGHTS[tenant]
-            req = Request(
-                f"{tenant}-{i}", tenant, prompt, sampling, 0.0, tenant=tenant, weight=weight
-            )
+            options = GenerateOptions(tenant, tenant=tenant, weight=weight)
+            req = Request(f"{tenant}-{i}", prompt, sampling, options, 0.0)
             add(self.sched, self.runner, req)
             self.expected[req.request_id] = solo_output(prompt, self.output)
 
@@ -164,7 +164,7 @@ def test_the_scheduler_keeps_fair_decode_rows_while_an_under_served_tenant_is_ad
 
     def request(rid: str, tenant: str, prompt: tuple[int, ...]) -> Request:
         sampling = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-        return Request(rid, tenant, prompt, sampling, 0.0, tenant=tenant)
+        return Request(rid, prompt, sampling, GenerateOptions(tenant, tenant=tenant), 0.0)
 
     for i in range(8):
         add(sched, runner, request(f"a{i}", "a", (1, 2, i + 3)))

@@ -58,7 +58,7 @@ def long_context_copy(demo_model_dir: Path, dest: Path, positions: int) -> Path:
 
 @pytest.fixture(scope="module")
 def long_context_model(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo model with a 128k-token context (tests/gateway/test_loop_stall.py)."""
+    """The demo model with a 128k-token context (tests/gateway/prompts/test_loop_stall.py)."""
     return long_context_copy(demo_model_dir, tmp_path_factory.mktemp("long-context"), 1 << 17)
 
 

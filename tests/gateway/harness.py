@@ -92,7 +92,7 @@ def make_settings(database_url: str, tmp_path: Path, **env: str) -> Settings:
         "KVGATE_DEFAULT_MAX_TOKENS": "8",
         "KVGATE_LOG_JSON": "true",
         # Tests drive many admin writes and wrong tokens through one principal and address; the
-        # throttles themselves are tests/gateway/test_admin_throttle.py's.
+        # throttles themselves are tests/gateway/admin/test_admin_throttle.py's.
         "KVGATE_ADMIN_WRITES_PER_MINUTE": "1000000",
         "KVGATE_ADMIN_SIGN_IN_FAILURES_PER_MINUTE": "1000000",
     }

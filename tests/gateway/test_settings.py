@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
-from gateway.serve import admin_token_env
+from engine.config import EngineConfig
+from gateway.commands.serve import admin_token_env
 from gateway.settings import VARIABLES, Settings, SettingsError, configuration_table
 
 
@@ -88,3 +91,43 @@ def test_admin_token_is_generated_once_then_remembered(tmp_path: Path) -> None:
     assert Settings.from_env(env2).tenants.admin_token_sha256 == sha
     env3, token3 = admin_token_env({"KVGATE_ADMIN_TOKEN": "x" * 20}, tmp_path)
     assert token3 is None and "KVGATE_ADMIN_TOKEN_SHA256" not in env3
+
+
+def test_every_engine_knob_is_one_variable_checked_by_the_engine() -> None:
+    """Each EngineConfig field is a KVGATE_<FIELD> variable with the field's default; a value
+    the engine refuses is refused at start, naming the variable (one check: EngineConfig's)."""
+    declared = {v.name: v for v in VARIABLES}
+    engine = Settings.from_env({}).model.engine
+    for f in dataclasses.fields(EngineConfig):
+        var = declared[f"KVGATE_{f.name.upper()}"]
+        assert var.meaning == f.metadata["help"] or f.name == "kv_snapshot_dir", f.name
+        if f.name != "kv_snapshot_dir":  # the gateway's default: under KVGATE_VAR_DIR
+            assert getattr(engine, f.name) == f.default, f.name
+    env = {"KVGATE_MAX_NUM_BATCHED_TOKENS": "2048", "KVGATE_SCHEDULING": "fcfs"}
+    chosen = Settings.from_env(env).model.engine
+    assert chosen.max_num_batched_tokens == 2048 and chosen.scheduling == "fcfs"
+    for name, bad in (("KVGATE_BLOCK_SIZE", "24"), ("KVGATE_SCHEDULING", "lottery")):
+        with pytest.raises(SettingsError, match=f"^{name}: "):
+            Settings.from_env({name: bad})
+
+
+SOURCES = ("engine", "gateway", "tenants")
+
+
+def test_every_variable_the_code_reads_is_declared_and_documented() -> None:
+    """No KVGATE_* name in the code that the settings reference (README and
+    docs/operations.md, both generated from VARIABLES) does not list."""
+    root = Path(__file__).resolve().parents[2]
+    named = {
+        m
+        for pkg in SOURCES
+        for path in (root / pkg).rglob("*.py")
+        for m in re.findall(r"\bKVGATE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text())
+    }
+    declared = {v.name for v in VARIABLES}
+    assert named - declared == set(), "read but not declared in gateway/settings.py"
+    reference = (root / "docs" / "operations.md").read_text()
+    assert configuration_table().strip() in reference, (
+        "docs/operations.md's settings reference differs from gateway.settings.VARIABLES; paste "
+        "`python -c 'from gateway.settings import configuration_table as t; print(t())'`"
+    )

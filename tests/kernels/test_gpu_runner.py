@@ -22,10 +22,11 @@ from engine.runtime.device import (
     describe,
     resolve_device,
 )
-from engine.runtime.model.config import ModelLoadError, parse_config
+from engine.runtime.model.config import parse_config
 from engine.runtime.model.decoder import Decoder
 from engine.runtime.model.kv_memory import MemoryReading, block_bytes, profiled_kv_bytes
 from engine.runtime.model.loader import load_model
+from engine.text.errors import ModelLoadError
 from tests.kernels.engine_fixtures import one_layer_model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.dbready import PROBE_MAX_AGE_S, PROBE_TIMEOUT_S
+from gateway.lifecycle.dbready import PROBE_MAX_AGE_S, PROBE_TIMEOUT_S
 from tenants.events import TenantChanged
 from tests.gateway.harness import (
     ADMIN_TOKEN,
@@ -80,7 +80,7 @@ async def readyz(gw: LiveGateway) -> tuple[int, dict[str, Any], float]:
 
 async def readyz_once_back(gw: LiveGateway) -> tuple[int, dict[str, Any]]:
     """/readyz once its database probe has found the database back: the probe's answer is
-    reused for about a second (gateway/dbready.py), so an answer given just before the
+    reused for about a second (gateway/lifecycle/dbready.py), so an answer given just before the
     database came back may still be served for that long."""
     deadline = time.monotonic() + PROBE_MAX_AGE_S + PROBE_TIMEOUT_S + MARGIN_S
     while True:

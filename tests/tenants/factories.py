@@ -1,4 +1,4 @@
-"""Factories for tenant-store tests (also imported by tests/gateway/test_admin*.py)."""
+"""Factories for tenant-store tests (also imported by tests/gateway/admin/test_admin*.py)."""
 
 from __future__ import annotations
 

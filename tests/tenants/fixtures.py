@@ -1,4 +1,4 @@
-"""Database fixtures shared by tests/tenants and tests/gateway/test_admin*.py.
+"""Database fixtures shared by tests/tenants and tests/gateway/admin/test_admin*.py.
 
 One database per backend per test session, built with ``alembic upgrade head`` (so migrations are
 exercised): a SQLite file under pytest's tmp dir, and a fresh ``kvgate_test_<random>`` database

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field
 
-from gateway import session_tokens as tokens
+from gateway.access import session_tokens as tokens
 from gateway.widget.views import SessionIn
 from tenants.errors import ConfigError, InvalidField
 from tenants.keys import generate_key, key_prefix

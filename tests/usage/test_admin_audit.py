@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.gateway.harness import ADMIN_TOKEN, LiveGateway, live_gateway, make_settings
 
-ADMIN = "admin"  # the actor of the bootstrap admin token (tests/gateway/test_admin.py)
+ADMIN = "admin"  # the actor of the bootstrap admin token (tests/gateway/admin/test_admin.py)
 
 
 async def _as(gw: LiveGateway, token: str, method: str, path: str, body: Any = None) -> int:

@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
-from gateway.tools_exec.webhook import verify
+from gateway.chat.tools.run.webhook import verify
 from tests.gateway.harness import LiveGateway, live_gateway, make_settings, wait_for
 
 MAX_TOKENS = 4

@@ -19,14 +19,14 @@ from yarl import URL
 from engine.serving.async_engine import AsyncEngine
 from gateway.usage.ledger import LEDGER
 from tenants.db import make_engine
+from tests.gateway.chat.tools.tenant.test_tool_loop import SYSTEM, hook, named
+from tests.gateway.chat.tools.tenant.webhook_server import Receiver, webhook_receiver
 from tests.gateway.harness import (
     LiveGateway,
     live_gateway,
     make_settings,
     slow_engine_steps,
 )
-from tests.gateway.tenant_tools.test_tool_loop import SYSTEM, hook, named
-from tests.gateway.tenant_tools.webhook_server import Receiver, webhook_receiver
 from tests.usage.helpers import wait_records
 
 ANSWER = 400  # tokens asked for; the client leaves once the engine generated 90% of them

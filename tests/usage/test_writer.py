@@ -14,9 +14,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
+from gateway.commands.usage import main as usage_cli
 from gateway.usage import reports
 from gateway.usage.admin import REPORT_CSV
-from gateway.usage.cli import main as usage_cli
 from gateway.usage.partitions import list_partitions
 from gateway.usage.record import UsageRecord
 from gateway.usage.writer import LedgerWriter

@@ -95,7 +95,7 @@ def _tensors(loaded: Any) -> dict[str, Any]:
 def _write(gguf: Path, dest: Path) -> None:
     from safetensors.torch import save_file
 
-    from engine.runtime.model.gguf import load_gguf
+    from engine.runtime.model.gguf_weights import load_gguf
 
     loaded = load_gguf(gguf, "float32", "cpu")
     tok = loaded.tokenizer

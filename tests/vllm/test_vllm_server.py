@@ -11,7 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from engine.runtime.model.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 from tests.vllm.conftest import API_KEY
 from tests.vllm.probes import BLOCK, cached_tokens, client, http, random_ids, salt, stream
 from tests.vllm.servers import MODEL_NAME, VllmServer

@@ -42,7 +42,7 @@ async def take(out: Path, model: str | None) -> None:
             "KVGATE_ADMIN_TOKEN": "screenshot-admin-token",
         }
         if model.endswith(".gguf"):  # the default model: its sampling defaults and name
-            from gateway.default_model import MODEL_ID, SAMPLING_DEFAULTS
+            from gateway.commands.default_model import MODEL_ID, SAMPLING_DEFAULTS
 
             env.update(SAMPLING_DEFAULTS, KVGATE_MODEL_NAME=MODEL_ID)
             env["KVGATE_DEFAULT_MAX_TOKENS"] = "80"

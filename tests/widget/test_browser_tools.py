@@ -13,6 +13,7 @@ import pytest_asyncio
 from playwright.async_api import Browser
 from yarl import URL
 
+from tests.gateway.chat.tools.tenant.webhook_server import Receiver, webhook_receiver
 from tests.gateway.harness import (
     LiveGateway,
     create_database,
@@ -21,7 +22,6 @@ from tests.gateway.harness import (
     make_settings,
     pg_url,
 )
-from tests.gateway.tenant_tools.webhook_server import Receiver, webhook_receiver
 from tests.widget.browser import (
     HOST,
     HostSite,

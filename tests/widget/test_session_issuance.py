@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sqlalchemy import event
 
-from gateway.auth import Principal
+from gateway.access.auth import Principal
 from gateway.ratelimit import RedisLimiter, make_client
 from gateway.widget.issuance import issuance_lease
 from tenants.runtime import KeyIdentity, TenantRuntime

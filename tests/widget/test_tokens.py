@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import session_tokens as tokens
-from gateway.session_tokens import SessionClaims, SessionTokenError
+from gateway.access import session_tokens as tokens
+from gateway.access.session_tokens import SessionClaims, SessionTokenError
 
 CLAIMS = SessionClaims("acme", "key_1", "https://shop.example", "user-7", 1_000)
 SECRET = "s" * 64

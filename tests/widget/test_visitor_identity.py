@@ -1,5 +1,5 @@
 """One IPv6 network is one visitor, for every rule that counts visitors: the per-visitor rate
-limit, the prefix-cache scope and the ledger's end user (gateway/visitor.py).
+limit, the prefix-cache scope and the ledger's end user (gateway/access/visitor.py).
 
 The gateway sees the client through a trusted proxy on loopback (KVGATE_TRUSTED_PROXIES) that
 forwards the client's address in X-Forwarded-For, as a load balancer in front of it would: the

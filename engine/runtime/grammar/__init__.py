@@ -1,17 +1,5 @@
-"""Grammar-constrained decoding on llguidance.
-
-Torch-free here (the gateway imports this package to check grammars before admission):
-``check_grammar`` and the per-tokenizer compile cache (``compiler.py``). The runner's side,
-which imports torch, is ``engine.runtime.grammar.runtime`` (per-request matchers in
-``matchers.py``, the step's masks in ``masks.py``).
+"""Grammar-constrained decoding on llguidance, the runner's side (imports torch): per-request
+matchers (``matchers.py``), the step's masks (``masks.py``), the runner's entry
+(``runtime.py``). Compiling a grammar, and the per-tokenizer compile cache, are torch-free and
+shared with the gateway: engine/constraints/compiler.py.
 """
-
-from engine.runtime.grammar.compiler import (
-    CompiledGrammar,
-    CompileStats,
-    GrammarCompiler,
-    check_grammar,
-    compiler_for,
-)
-
-__all__ = ["CompileStats", "CompiledGrammar", "GrammarCompiler", "check_grammar", "compiler_for"]

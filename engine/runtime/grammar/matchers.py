@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 from llguidance import LLMatcher
 
+from engine.constraints.compiler import CompiledGrammar, GrammarCompiler
 from engine.params import SamplingParams
-from engine.runtime.grammar.compiler import CompiledGrammar, GrammarCompiler
 
 
 class _Record:

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import torch
 from llguidance import LLMatcher
 
+from engine.constraints.compiler import CompileStats, compiler_for
 from engine.params import SamplingParams
-from engine.runtime.grammar.compiler import CompileStats, compiler_for
 from engine.runtime.grammar.masks import MaskFiller, MaskStats, PendingMask
 from engine.runtime.grammar.matchers import GrammarEnd, GrammarStates
-from engine.runtime.model.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -9,24 +9,19 @@ and metadata, so a path that cannot load fails with the ``ModelLoadError`` loadi
     HF directory  config.json, the weights' files (index, shards) and their safetensors
                   headers, tokenizer.json present, tokenizer_config.json readable
 
-The HF tokenizer files' rules (``tokenizer_file``, ``tokenizer_config``) are here too: the
-tokenizer (tokenizer.py) loads by them. Torch-free and cheap (no tensor is read, the GGUF reader
-imported for GGUF files only): ``kvgate serve`` runs it before it migrates a database, prints an
-admin token or starts a worker.
+The HF tokenizer files' rules (``tokenizer_file``, ``tokenizer_config``) are the tokenizer's
+(engine/text/errors.py): the check and the tokenizer load by the same ones. Torch-free and
+cheap (no tensor is read, the GGUF reader imported for GGUF files only): ``kvgate serve`` runs
+it before it migrates a database, prints an admin token or starts a worker.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from engine.runtime.model.config import (
-    ModelConfig,
-    ModelLoadError,
-    dtype_name,
-    parse_config,
-    read_json,
-)
+from engine.runtime.model.config import ModelConfig, dtype_name, parse_config
+from engine.text.errors import ModelLoadError, read_json, tokenizer_config, tokenizer_file
 
 ModelKind = Literal["gguf", "hf"]
 
@@ -60,25 +55,6 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def tokenizer_file(model_dir: Path) -> Path:
-    """An HF directory's ``tokenizer.json`` (``ModelLoadError`` when it is missing)."""
-    path = model_dir / "tokenizer.json"
-    if not path.is_file():
-        raise ModelLoadError(f"{path}: file not found")
-    return path
-
-
-def tokenizer_config(model_dir: Path) -> dict[str, Any]:
-    """An HF directory's ``tokenizer_config.json`` (optional), with the chat template from
-    ``chat_template.jinja`` when the config has none."""
-    path = model_dir / "tokenizer_config.json"
-    tok_cfg = read_json(path) if path.is_file() else {}
-    template_file = model_dir / "chat_template.jinja"
-    if "chat_template" not in tok_cfg and template_file.is_file():
-        tok_cfg["chat_template"] = template_file.read_text(encoding="utf-8")
-    return tok_cfg
-
-
 def unreadable_safetensors(path: Path, exc: Exception) -> ModelLoadError:
     return ModelLoadError(f"{path}: cannot open safetensors file: {exc}")
 
@@ -101,7 +77,7 @@ def check_model(path: str | Path, dtype: str = "auto") -> ModelConfig:
     path, kind = model_path(path)
     if kind == "gguf":  # the GGUF reader (numpy, gguf) only for a GGUF path
         from engine.runtime.model.gguf import GGUFFile, parse_gguf_config
-        from engine.runtime.model.gguf_checks import check_tokenizer_metadata
+        from engine.text.gguf_checks import check_tokenizer_metadata
 
         f = GGUFFile.open(path)
         cfg = parse_gguf_config(f)

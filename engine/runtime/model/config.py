@@ -5,27 +5,22 @@ Supported: LlamaForCausalLM (Llama 2/3, rope scaling ``llama3`` / ``linear``), Q
 ``ModelLoadError`` that names the file and the field.
 
 Torch-free, like everything a model is checked with before it is loaded (``checkpoint.py``):
-``kvgate serve`` checks the model before it starts anything, and the gateway's tokenizer imports
-``ModelLoadError`` from here. What needs torch (rotary tables, the torch dtype) is in
-``rope.py`` and ``weights.py``.
+``kvgate serve`` checks the model before it starts anything. What needs torch (rotary tables,
+the torch dtype) is in ``rope.py`` and ``weights.py``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.core.step_cost import StepCost
+from engine.text.errors import ModelLoadError, read_json
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
-
-
-class ModelLoadError(Exception):
-    """A model directory that cannot be loaded: missing file, unsupported config, bad tensor."""
 
 
 @dataclass(frozen=True)
@@ -113,18 +108,6 @@ def check_config(cfg: ModelConfig, where: str | Path) -> ModelConfig:
         if not (math.isfinite(number) and number > 0):
             raise ModelLoadError(f"{where}: {name} {number} is not a positive number")
     return cfg
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ModelLoadError(f"{path}: file not found")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: cannot read JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path}: not a JSON object")
-    return data
 
 
 def _rope(raw: dict[str, Any], where: Path) -> RopeConfig:

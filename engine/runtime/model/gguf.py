@@ -15,25 +15,16 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from engine.runtime.model.config import ModelConfig, ModelLoadError, RopeConfig, check_config
-from engine.runtime.model.gguf_reader import ByteOrder, TensorInfo, read_layout
+from engine.runtime.model.config import ModelConfig, RopeConfig, check_config
+from engine.text.errors import ModelLoadError
+from engine.text.gguf_reader import ByteOrder, TensorInfo, is_gguf, read_layout
 
-GGUF_MAGIC = b"GGUF"
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
 }
 PERMUTED_ARCHITECTURES = ("llama", "mistral")  # q/k rows interleaved for llama.cpp's RoPE
-
-
-def is_gguf(path: str | Path) -> bool:
-    """A file that starts with the GGUF magic (the suffix alone is not trusted)."""
-    path = Path(path)
-    if not path.is_file():
-        return False
-    with path.open("rb") as f:
-        return f.read(4) == GGUF_MAGIC
 
 
 @dataclass(frozen=True)

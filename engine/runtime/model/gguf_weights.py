@@ -21,20 +21,21 @@ from pathlib import Path
 import torch
 
 from engine.runtime.model.blocks import BLOCK_BYTES, BlockWeight, cat_rows
-from engine.runtime.model.config import ModelConfig, ModelLoadError
+from engine.runtime.model.config import ModelConfig
 from engine.runtime.model.gguf import (
     PERMUTED_ARCHITECTURES,
     GGUFFile,
     dequantize_tensor,
     parse_gguf_config,
 )
-from engine.runtime.model.gguf_tokenizer import gguf_tokenizer
 from engine.runtime.model.weights import (
     LayerWeights,
     LoadedModel,
     ModelWeights,
     resolve_dtype,
 )
+from engine.text.errors import ModelLoadError
+from engine.text.gguf_tokenizer import gguf_tokenizer
 
 
 def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:

@@ -16,10 +16,11 @@ from typing import Any
 import torch
 
 from engine.runtime.model.checkpoint import checkpoint_files, model_path, unreadable_safetensors
-from engine.runtime.model.config import ModelConfig, ModelLoadError, parse_config
+from engine.runtime.model.config import ModelConfig, parse_config
 from engine.runtime.model.gguf_weights import load_gguf
-from engine.runtime.model.tokenizer import Tokenizer
 from engine.runtime.model.weights import LayerWeights, LoadedModel, ModelWeights, resolve_dtype
+from engine.text.errors import ModelLoadError
+from engine.text.tokenizer import Tokenizer
 
 PROGRESS_MIN_BYTES = 1 << 30  # show a progress bar only for checkpoints at least this large
 

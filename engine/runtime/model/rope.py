@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from engine.runtime.model.config import ModelLoadError, RopeConfig
+from engine.runtime.model.config import RopeConfig
+from engine.text.errors import ModelLoadError
 
 
 def inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:

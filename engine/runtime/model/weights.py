@@ -13,7 +13,7 @@ import torch
 
 from engine.runtime.model.blocks import BlockWeight
 from engine.runtime.model.config import DTYPE_NAMES, ModelConfig, dtype_name
-from engine.runtime.model.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 
 Matrix = torch.Tensor | BlockWeight
 DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}

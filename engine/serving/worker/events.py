@@ -9,7 +9,7 @@ handed to the event loop in batches (``drain``), so the engine thread never touc
 
 Namespaces are sent as their root key digest, never as the salt itself. A removed event names
 only the block key (the cache knows no more); subscribers keep key -> namespace themselves.
-Events (engine/serving/worker/messages.py)::
+Events (engine/remote/messages.py)::
 
     Stored(namespace, key, parent | None)   stored on the device
     Removed(key)                            removed from the device
@@ -28,7 +28,7 @@ import threading
 
 from engine.core.kv.hashing import root_key
 from engine.core.kv.types import TIERS, Tier
-from engine.serving.worker.messages import KvEvent, Removed, Stored, Tiered
+from engine.remote.messages import KvEvent, Removed, Stored, Tiered
 
 QUEUE_LIMIT = 10_000  # batches a subscriber may fall behind before it is dropped
 

@@ -20,10 +20,9 @@ from typing import Any
 
 from aiohttp import web
 
+from engine.remote.messages import READY_PREFIX
 from engine.serving.worker.events import KvEventHub
 from engine.serving.worker.server import create_worker_app
-
-READY_PREFIX = "kvgate worker: listening on "
 
 
 def build_app(

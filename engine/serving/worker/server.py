@@ -5,7 +5,7 @@ transport.py); plain HTTP requests serve only what orchestrators and a starting 
 
     GET /healthz        no token (orchestrator probes); says ok / down and nothing else
     GET /v1/info        WorkerInfo: worker id, boot id, geometry, pin budget, protocol digest
-                        (engine/serving/worker/messages.py)
+                        (engine/remote/messages.py)
     GET /v1/tokenizer   TokenizerPayload: what a gateway rebuilds the tokenizer from
     GET /v1/calls       the message transport (WebSocket upgrade)
 
@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
+from engine.remote.messages import PROTOCOL, TokenizerPayload, WorkerInfo, to_json
 from engine.serving.worker.events import KvEventHub
 from engine.serving.worker.load import LoadTracker
-from engine.serving.worker.messages import PROTOCOL, TokenizerPayload, WorkerInfo, to_json
 from engine.serving.worker.state import WORKER, WorkerState
 from engine.serving.worker.transport import add_transport
 

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from engine.remote.messages import WorkerInfo, WorkerLoad
 from engine.serving.worker.events import KvEventHub
 from engine.serving.worker.load import LoadTracker
-from engine.serving.worker.messages import WorkerInfo, WorkerLoad
 
 if TYPE_CHECKING:
     from engine.serving.async_engine import AsyncEngine

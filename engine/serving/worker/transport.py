@@ -2,7 +2,7 @@
 
 Each gateway holds one persistent connection per worker (``GET /v1/calls``, upgraded; TCP, or
 the Unix socket of the local worker of ``kvgate serve``) and multiplexes its calls over it, each
-named by a ``call`` id (engine/serving/worker/messages.py), one binary message per frame::
+named by a ``call`` id (engine/remote/messages.py), one binary message per frame::
 
     gateway --Generate/Pin/Unpin/Forget/Load/Abort/Subscribe/Cancel--> worker
     gateway <--Output.../Failed/Done/Pinned/Forgot/Loaded/Events---- (by call id)
@@ -39,13 +39,11 @@ from aiohttp import WSMsgType, web
 from engine.core.kv import PinHandle
 from engine.errors import EngineError
 from engine.outputs import RequestOutput
-from engine.serving.worker import messages as m
+from engine.remote import messages as m
+from engine.remote.messages import CALLS_PATH, HEARTBEAT_S, MAX_MESSAGE_BYTES
 from engine.serving.worker.state import WORKER, WorkerState
 
 log = logging.getLogger(__name__)
-CALLS_PATH = "/v1/calls"
-HEARTBEAT_S = 5.0  # a ping each interval; no pong within half of it closes the connection
-MAX_MESSAGE_BYTES = 64 << 20  # a prompt's token ids (a pin of a long prompt) fit many times
 _SENT = (ConnectionResetError, ConnectionError, RuntimeError)  # a send on a closed connection
 
 

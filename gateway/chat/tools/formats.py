@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from engine.runtime.model.chat_template import template_variables
+from engine.text.chat_template import template_variables
 
 
 @dataclass(frozen=True)

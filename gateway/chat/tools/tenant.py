@@ -25,7 +25,7 @@ from typing import Any
 from gateway.chat.tools.formats import ToolFormat, detect_format, renders_tools
 from gateway.chat.tools.models import NamedToolChoice, ResponseFormat, ToolChoice, ToolDef
 from gateway.chat.tools.render import tool_definition, tool_lines
-from gateway.tenant_prefix import ChatTokenizer, EncodedPrefix, encode_prefix
+from gateway.prompts.tenant_prefix import ChatTokenizer, EncodedPrefix, encode_prefix
 from tenants.runtime import TenantRuntime, ToolPolicy
 from tenants.tools import TenantTool
 
@@ -49,7 +49,7 @@ def prefix_parts(
 class VersionPrefixes:
     """A prompt version's encoded prefix from its text and tools, the last few remembered: an
     admin write counts a version's tokens and the pin manager pins the same prefix a moment
-    later (gateway/admin/prompts.py, gateway/pins.py), so a 200k-character prompt is encoded
+    later (gateway/admin/prompts.py, gateway/prompts/pins.py), so a 200k-character prompt is encoded
     once. Encoding runs on the tokenize pool's threads: the memory is locked (the work is not)."""
 
     def __init__(self, tokenizer: ChatTokenizer, template: str | None, remember: int = 4) -> None:

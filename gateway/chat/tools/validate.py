@@ -3,8 +3,8 @@
 ``check_grammar`` (engine/runtime/grammar) compiles the grammar against the tokenizer (the
 engine caches compiled grammars by digest, so the request's own compile is then a hit) and raises
 ``GrammarRejected`` naming the feature (``uniqueItems``, a look-around in a ``pattern``, ...).
-A grammar not compiled yet is checked on the tokenize threads (gateway/tokenize_pool.py) as a
-job of its own, keyed by its digest, so a tenant's concurrent requests with one new grammar wait
+A grammar not compiled yet is checked on the tokenize threads (gateway/prompts/tokenize_pool.py) as
+a job of its own, keyed by its digest, so a tenant's concurrent requests with one new grammar wait
 for one compile (a large schema compiles for milliseconds to seconds, never on the event loop);
 then, with the prompt's rendering, the check is a lookup in the compile cache. A tool grammar
 refused as a whole is narrowed down to the function whose parameters hold the feature, so the
@@ -27,7 +27,7 @@ def needs_compile(plan: OutputPlan, tokenizer: Any) -> bool:
     seconds, on the threads); a grammar compiled before is checked by a lookup, inline."""
     if plan.grammar is None:
         return False
-    from engine.runtime.grammar import compiler_for
+    from engine.constraints.compiler import compiler_for
 
     return not compiler_for(tokenizer).is_cached(plan.grammar)
 
@@ -35,7 +35,7 @@ def needs_compile(plan: OutputPlan, tokenizer: Any) -> bool:
 def check_plan(plan: OutputPlan, tokenizer: Any) -> None:
     if plan.grammar is None:
         return
-    from engine.runtime.grammar import check_grammar
+    from engine.constraints.compiler import check_grammar
 
     try:
         check_grammar(plan.grammar, tokenizer)
@@ -46,7 +46,7 @@ def check_plan(plan: OutputPlan, tokenizer: Any) -> None:
 def _culprit(plan: OutputPlan, tokenizer: Any, whole: GrammarRejected) -> ApiError:
     """The refusal naming the field at fault: the first function whose parameters alone are
     refused, else the grammar's field."""
-    from engine.runtime.grammar import check_grammar
+    from engine.constraints.compiler import check_grammar
 
     for i, tool in plan.tools:
         schema = json.dumps(tool.function.parameters_schema, ensure_ascii=False)

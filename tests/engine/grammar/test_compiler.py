@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from engine.constraints import Grammar
+from engine.constraints.compiler import GrammarCompiler, check_grammar, compiler_for
 from engine.errors import GrammarRejected
 from engine.params import SamplingParams
-from engine.runtime.grammar import GrammarCompiler, check_grammar, compiler_for
 from engine.runtime.grammar.matchers import GrammarStates
 from engine.runtime.model.gguf import GGUFFile
-from engine.runtime.model.gguf_tokenizer import gguf_tokenizer
-from engine.runtime.model.tokenizer import Tokenizer
+from engine.text.gguf_tokenizer import gguf_tokenizer
+from engine.text.tokenizer import Tokenizer
 from tests.engine._tiny_model import tiny_model_dir
 from tests.engine.grammar._schemas import PERSON_GRAMMAR
 from tests.engine.model.gguf_factory import write_tiny_gguf

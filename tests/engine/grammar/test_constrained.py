@@ -12,7 +12,7 @@ import pytest
 
 from engine import Engine, SamplingParams
 from engine.constraints import Grammar
-from engine.runtime.grammar import compiler_for
+from engine.constraints.compiler import compiler_for
 from tests.engine._tiny_model import prompt
 from tests.engine.grammar._schemas import PERSON, PERSON_GRAMMAR, tiny_engine
 

@@ -201,7 +201,7 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
     merges and three control tokens; float32 weights drawn from ``seed``."""
     import gguf
 
-    from engine.runtime.model.gguf_tokenizer import byte_alphabet
+    from engine.text.gguf_tokenizer import byte_alphabet
 
     tokens = [*byte_alphabet().values(), "Ġt", "Ġth", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
     types = [1] * (len(tokens) - 3) + [3, 3, 3]

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from engine.runtime.model.chat_encoding import ForgedMark, TokenLimitExceeded
-from engine.runtime.model.chat_template import TemplateError
-from engine.runtime.model.config import ModelLoadError
 from engine.runtime.model.demo import write_demo_model
 from engine.runtime.model.gguf import GGUFFile
-from engine.runtime.model.gguf_tokenizer import gguf_tokenizer
-from engine.runtime.model.tokenizer import Tokenizer
+from engine.text.chat_encoding import ForgedMark, TokenLimitExceeded
+from engine.text.chat_template import TemplateError
+from engine.text.errors import ModelLoadError
+from engine.text.gguf_tokenizer import gguf_tokenizer
+from engine.text.tokenizer import Tokenizer
 from tests.engine.model.factories import make_hf_model
 from tests.engine.model.gguf_factory import write_gguf
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from engine.runtime.model.checkpoint import check_model
-from engine.runtime.model.config import ModelLoadError
 from engine.runtime.model.loader import load_model
+from engine.text.errors import ModelLoadError
 from tests.engine.model.factories import make_hf_model
 from tests.engine.model.gguf_factory import write_tiny_gguf
 
@@ -104,7 +104,7 @@ def test_the_check_imports_no_torch(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from engine.runtime.model.checkpoint import check_model\n"
-        "from engine.runtime.model.config import ModelLoadError\n"
+        "from engine.text.errors import ModelLoadError\n"
         f"check_model({str(sound)!r})\n"
         f"try:\n    check_model({str(garbage)!r})\nexcept ModelLoadError:\n    pass\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))\n"

@@ -10,7 +10,7 @@ import torch
 
 from engine.runtime.model.demo import main as demo_main
 from engine.runtime.model.demo import write_demo_model
-from engine.runtime.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine.text.tokenizer import IncrementalDetokenizer, Tokenizer
 from tests.engine.model.factories import hf_last_logits, logits_of, make_runner, seq
 
 CONVERSATIONS = [
@@ -82,7 +82,8 @@ def test_encode_decode_and_special_tokens(demo_dir: Path) -> None:
 def test_encoding_is_the_backends_encode_without_holding_the_gil(demo_dir: Path) -> None:
     """``encode`` and ``encoding`` give the backend's own ``encode`` ids (special tokens
     matched, added when asked); they go through ``encode_batch_fast``, which releases the GIL
-    (gateway/tenant_prefix.py relies on it), and ``encoding`` counts without making the ids."""
+    (gateway/prompts/tenant_prefix.py relies on it), and ``encoding`` counts without making the
+    ids."""
     tok = Tokenizer.from_pretrained(demo_dir)
     for text in ("plain words", "<|im_start|>system\nBe brief.<|im_end|>\n", "é " * 500):
         for special in (False, True):
@@ -105,7 +106,7 @@ def test_incremental_detokenizer_never_splits_characters(demo_dir: Path) -> None
 
 
 def test_chat_template_helpers(tmp_path: Path, demo_dir: Path) -> None:
-    from engine.runtime.model.chat_template import TemplateError, render_chat
+    from engine.text.chat_template import TemplateError, render_chat
 
     source = (
         "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}"

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.runtime.model.config import ModelLoadError, RopeConfig
+from engine.runtime.model.config import RopeConfig
 from engine.runtime.model.gguf import GGUFFile, parse_gguf_config
-from engine.runtime.model.gguf_tokenizer import gguf_tokenizer
 from engine.runtime.model.gguf_weights import load_gguf
 from engine.runtime.model.rope import inv_freq
+from engine.text.errors import ModelLoadError
+from engine.text.gguf_tokenizer import gguf_tokenizer
 from tests.engine.model.factories import make_hf_model
 from tests.engine.model.gguf_factory import write_gguf
 

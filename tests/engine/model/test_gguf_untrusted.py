@@ -15,11 +15,11 @@ from gguf import GGUFReader
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine.runtime.model.config import ModelLoadError
 from engine.runtime.model.gguf import GGUFFile
-from engine.runtime.model.gguf_reader import MAX_METADATA_ITEMS, read_buffer
-from engine.runtime.model.gguf_tokenizer import gguf_tokenizer
 from engine.runtime.model.gguf_weights import load_gguf
+from engine.text.errors import ModelLoadError
+from engine.text.gguf_reader import MAX_METADATA_ITEMS, read_buffer
+from engine.text.gguf_tokenizer import gguf_tokenizer
 from tests.engine.model.gguf_factory import write_tiny_gguf
 
 FUZZ = settings(

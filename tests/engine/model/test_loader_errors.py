@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.runtime.model.config import ModelLoadError
 from engine.runtime.runner import ModelRunner
+from engine.text.errors import ModelLoadError
 from tests.engine.model.factories import make_hf_model, make_runner
 
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from engine.runtime.model.demo import write_demo_model
 from engine.runtime.model.gguf import GGUFFile
-from engine.runtime.model.gguf_tokenizer import gguf_tokenizer
-from engine.runtime.model.text_bound import COMPOSED, TextBound, byte_alphabet, text_bound
-from engine.runtime.model.tokenizer import Tokenizer
+from engine.text.gguf_tokenizer import gguf_tokenizer
+from engine.text.text_bound import COMPOSED, TextBound, byte_alphabet, text_bound
+from engine.text.tokenizer import Tokenizer
 from tests.engine.model.factories import make_hf_model
 from tests.engine.model.gguf_factory import write_gguf
 

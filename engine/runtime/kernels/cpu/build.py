@@ -19,13 +19,15 @@ from pathlib import Path
 
 import torch
 
+from engine.config import CACHE_DIR
+
 CFLAGS = ("-O3", "-std=c11", "-shared", "-fPIC", "-pthread")
 
 log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("KVGATE_CACHE_DIR") or Path.home() / ".cache" / "kvgate"
+    root = os.environ.get(CACHE_DIR.name) or Path.home() / ".cache" / "kvgate"
     return Path(root) / "kernels"
 
 

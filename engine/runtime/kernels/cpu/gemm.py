@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from engine.config import CPU_GEMM
 from engine.runtime import cpu_isa
 from engine.runtime.kernels.cpu import build
 
@@ -46,7 +47,7 @@ def best_isa() -> str | None:
     """The ISA to build for: torch's CPU capability, held to AVX2 by ``KVGATE_CPU_ISA=avx2`` or
     ``KVGATE_CPU_GEMM=avx2``; None with ``KVGATE_CPU_GEMM=0`` or off x86."""
     cap = cpu_isa.requested()  # ValueError naming the variable for a bad value
-    choice = os.environ.get("KVGATE_CPU_GEMM", "1").lower()
+    choice = os.environ.get(CPU_GEMM.name, CPU_GEMM.default).lower()
     if choice == "0" or platform.machine().lower() not in ("x86_64", "amd64"):
         return None
     capability = torch.backends.cpu.get_cpu_capability()

@@ -1,0 +1,3 @@
+"""The OpenAPI 3.1 document at /openapi.json: ``operations`` lists every route once,
+``models`` the answers' schemas, ``document`` builds it.
+"""

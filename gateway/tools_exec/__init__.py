@@ -1,1 +1,0 @@
-"""Tools the gateway runs for a tenant: egress-safe HTTP, webhooks, MCP, the tool loop."""
