@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.default_model import DefaultModelUnavailable
+from gateway.commands.default_model import DefaultModelUnavailable
 from tests.conftest import service_unavailable
 from tests.vllm.env import BUILD_TIMEOUT_S, VllmEnv, VllmEnvUnavailable, ensure_vllm_env, is_built
 from tests.vllm.model import MODEL_BUILD_S, ensure_model_dir, model_ready

