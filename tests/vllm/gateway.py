@@ -28,7 +28,7 @@ SYSTEM = (
     "You are the front desk of the Bexley Library. You answer questions about opening hours, "
     "membership, borrowing rules, the reading room, events for children and adults, printing, "
     "the café on the ground floor and accessibility. Keep answers short and friendly. "
-) * 4
+) * 8
 
 
 @contextlib.asynccontextmanager
