@@ -14,8 +14,9 @@ chunk without choices carrying ``usage`` (``prompt_tokens_details.cached_tokens`
 as ``data: {"error": {...}}``.
 
 vLLM salts only a prompt's first block (its hash chains every later one), so the salt covers
-the whole prompt: the tenant's cache salt, or, where the request asks for a per-visitor cache
-(a ``CacheScope`` sharing no tokens), the tenant's salt with the visitor's (``vllm_salt``).
+the whole prompt: a digest of the tenant's cache salt, or, where the request asks for a
+per-visitor cache (a ``CacheScope`` sharing no tokens), of the tenant's salt with the visitor's
+(``vllm_salt``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from hashlib import blake2b
 from typing import Any
 
 from engine.api import CacheScope, GenerateOptions
@@ -47,9 +49,10 @@ def vllm_salt(namespace: str, scope: CacheScope | None) -> str:
     request's scope shares no token (the tenant's per-visitor setting): vLLM cannot share a
     tenant prefix and keep what follows it private, so a scope that shares tokens is served
     under the tenant's salt (docs/contracts.md, "Through vLLM")."""
-    if scope is None or scope.shared_tokens > 0:
-        return namespace
-    return f"{namespace}/{scope.salt_bytes.hex()}"
+    visitor = b"" if scope is None or scope.shared_tokens > 0 else scope.salt_bytes
+    # a digest: vLLM takes at most 128 characters without "/", "@", "\\" or NUL, and the
+    # tenant's secret salt itself never leaves the gateway
+    return blake2b(namespace.encode() + b"\0" + visitor, digest_size=16).hexdigest()
 
 
 def structured_outputs(grammar: Grammar) -> dict[str, object]:

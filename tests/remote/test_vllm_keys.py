@@ -84,8 +84,10 @@ def test_the_salt_is_read_from_the_first_blocks_extra_keys() -> None:
 def test_the_salt_of_a_request() -> None:
     from engine.api import CacheScope
 
-    assert vllm_salt("ns", None) == "ns"
+    tenant = vllm_salt("ns", None)
+    assert len(tenant) == 32 and "ns" not in tenant and tenant != vllm_salt("ns2", None)
     # a scope sharing the tenant prefix: vLLM cannot keep the tail private, the tenant's salt
-    assert vllm_salt("ns", CacheScope(b"\x01\x02", 40)) == "ns"
+    assert vllm_salt("ns", CacheScope(b"\x01\x02", 40)) == tenant
     # a per-visitor scope (no shared token): the whole prompt under the visitor's salt
-    assert vllm_salt("ns", CacheScope(b"\x01\x02", 0)) == "ns/0102"
+    visitor = vllm_salt("ns", CacheScope(b"\x01\x02", 0))
+    assert visitor not in (tenant, vllm_salt("ns", CacheScope(b"\x01\x03", 0)))

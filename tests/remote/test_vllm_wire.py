@@ -13,7 +13,7 @@ from engine.outputs import TokenLogprob
 from engine.params import SamplingParams
 from engine.remote.vllm_probe import event_sources, parse_metrics, served_model
 from engine.remote.vllm_stream import rejection
-from engine.remote.vllm_wire import ChunkError, Usage, completion_body, parse_chunk
+from engine.remote.vllm_wire import ChunkError, Usage, completion_body, parse_chunk, vllm_salt
 
 
 def test_the_body_carries_every_sampling_field_and_the_salt() -> None:
@@ -35,7 +35,7 @@ def test_the_body_carries_every_sampling_field_and_the_salt() -> None:
     options = GenerateOptions("tenant-salt", "r1", priority="batch")
     body = completion_body("m", [1, 2, 3], params, options, priority=True)
     assert body["prompt"] == [1, 2, 3] and body["stream"] is True
-    assert body["cache_salt"] == "tenant-salt" and body["priority"] == 1
+    assert body["cache_salt"] == vllm_salt("tenant-salt", None) and body["priority"] == 1
     assert body["stream_options"] == {"include_usage": True} and body["return_token_ids"]
     assert (body["top_k"], body["seed"], body["stop_token_ids"]) == (20, 3, [2])
     assert body["logit_bias"] == {"5": -100.0}
@@ -47,7 +47,8 @@ def test_the_body_carries_every_sampling_field_and_the_salt() -> None:
     plain = completion_body("m", [1], SamplingParams(), GenerateOptions("s"))
     assert not {"top_k", "seed", "logprobs", "structured_outputs", "priority"} & set(plain)
     visitor = GenerateOptions("s", cache_scope=CacheScope(b"\xff", 0))
-    assert completion_body("m", [1], SamplingParams(), visitor)["cache_salt"] == "s/ff"
+    salted = completion_body("m", [1], SamplingParams(), visitor)["cache_salt"]
+    assert salted == vllm_salt("s", CacheScope(b"\xff", 0)) != vllm_salt("s", None)
 
 
 def test_a_lark_grammar_is_not_sent() -> None:

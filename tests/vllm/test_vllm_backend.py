@@ -68,6 +68,13 @@ async def test_chat_streams_with_usage_and_the_tenant_prefix_is_cached(gw: LiveG
         again.usage.completion_tokens,
     )
     assert rec["worker"] in {s for s in cluster_of(gw).members}
+    # the cluster page shows the vLLM replicas, their load and their tenants
+    report = await gw.admin("GET", "/cluster")
+    assert report["backend"] == "vllm" and len(report["workers"]) == 2
+    assert all(w["healthy"] and w["blocks_total"] > 0 for w in report["workers"])
+    holders = [w for w in report["workers"] if a.id in w["pinned_tenants"]]
+    assert [w["worker_id"] for w in holders] == info["pinned_on"]
+    assert report["tenants"][a.id]["pinned_on"] == info["pinned_on"]
 
 
 async def test_sampling_parameters_through_vllm(gw: LiveGateway) -> None:

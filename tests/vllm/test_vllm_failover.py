@@ -63,7 +63,7 @@ async def test_killing_a_replica_mid_load_fails_over_before_the_first_token(
     ) as gw:
         t = await gw.create_tenant("fo", system_prompt=SYSTEM)
         await gw.wait_pinned(t.id, timeout=120)
-        client = gw.openai(t.key, max_retries=0)
+        client = gw.openai(t.key)
         model = gw.state.model_name
         first = [asyncio.create_task(ask(client, model, i)) for i in range(REQUESTS)]
         await _until_streaming(gw, servers[1].base_url)

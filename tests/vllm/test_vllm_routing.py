@@ -16,6 +16,7 @@ from engine.params import SamplingParams
 from engine.remote.keys import reusable_block_keys
 from engine.remote.messages import Removed
 from engine.remote.vllm_client import VllmClient
+from engine.remote.vllm_wire import vllm_salt
 from gateway.cluster.engine import ClusterEngine
 from gateway.cluster.vllm import VllmSource
 from gateway.settings import Settings
@@ -50,9 +51,10 @@ async def cluster(
 
 async def held_by(eng: ClusterEngine, ns: str, prompt: list[int], blocks: int) -> frozenset[str]:
     """The servers the cluster's index says hold ``blocks`` blocks of the prompt, once it does."""
+    salt = vllm_salt(ns, None)  # what the cluster sends vLLM, and what its events carry
     async with asyncio.timeout(WAIT_S):
         while True:
-            n, holders = eng.index.longest(ns, prompt, BLOCK)
+            n, holders = eng.index.longest(salt, prompt, BLOCK)
             if n >= blocks:
                 return holders
             await asyncio.sleep(0.1)
@@ -67,7 +69,10 @@ async def test_routing_follows_the_kv_events_of_each_server(
         # computed on this server alone, straight to it (never through the cluster)
         c = async_client(server, API_KEY)
         await c.completions.create(
-            model=MODEL_NAME, prompt=prompt, max_tokens=1, extra_body={"cache_salt": ns}
+            model=MODEL_NAME,
+            prompt=prompt,
+            max_tokens=1,
+            extra_body={"cache_salt": vllm_salt(ns, None)},
         )
         assert await held_by(cluster, ns, prompt, 2) == {server.base_url}
         outs = [
@@ -107,7 +112,7 @@ async def test_a_prompt_whose_blocks_left_is_warmed_again(
         prompt = random_ids(2 * BLOCK + 3)
         handle = await client.pin(ns, prompt)
         assert handle.num_tokens == 2 * BLOCK and client.rewarms == 0
-        key = reusable_block_keys(ns, prompt, BLOCK)[1].hex()
+        key = reusable_block_keys(vllm_salt(ns, None), prompt, BLOCK)[1].hex()
         client.rewarm_after([Removed(key)])
         (prompt_state,) = client.warm.values()
         assert prompt_state.task is not None
