@@ -33,6 +33,7 @@ from tests.vllm.servers import READY_TIMEOUT_S, ServerOptions, VllmServer, start
 # at least 32 characters: the gateway sends it as KVGATE_WORKER_TOKEN, which needs as many
 API_KEY = "vllm-test-key-" + secrets.token_hex(16)
 TEST_S = 600.0  # the test itself, as every other test
+KILLS_A_SERVER = "test_vllm_failover.py"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -43,6 +44,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.timeout(limit))
+    # the test that kills a server runs last: no later test waits for its restart
+    items.sort(key=lambda item: item.path.name == KILLS_A_SERVER)
 
 
 @pytest.fixture(scope="session")
