@@ -35,6 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The engine's process variables (OMP_WAIT_POLICY=PASSIVE, the ISA caps) before torch loads, as in
+# the worker: bench.model imports torch, and torch's OpenMP threads spinning beside the engine's
+# kernel pool would slow this side's steps and flatter the gateway.
+import engine.runtime  # noqa: F401  (first: see above)
 from bench.common import cpu_model
 from bench.model import POLICY
 
