@@ -73,6 +73,9 @@ async def test_killing_a_replica_mid_load_fails_over_before_the_first_token(
         await _check(gw, t.id, results)
         eng = cluster_of(gw)
         assert eng.members[url].healthy is False and eng.failovers >= 1
+        cut = sum(r.error is not None for r in results)
+        print(f"cut mid-stream: {cut}, retried before the first token: {eng.retries}")
+        assert cut + eng.retries >= 1  # the requests in flight on it were cut or moved
 
 
 async def _streaming_on(gw: LiveGateway) -> str:
