@@ -68,6 +68,7 @@ from gateway.prompts.tokenize_pool import TokenizePool
 from gateway.ratelimit import FailoverLimiter, Limiter, MemoryLimiter, RedisLimiter
 from gateway.ratelimit.redis import make_client
 from gateway.ratelimit.types import LimiterUnavailable
+from gateway.responses.views import add_routes as add_responses_routes
 from gateway.settings import Settings
 from gateway.telemetry import GatewayMetrics, make_tracer, make_tracer_provider
 from gateway.telemetry.dbgauge import database_gauge
@@ -176,6 +177,7 @@ def create_app(
     app.router.add_post("/v1/chat/completions", views.chat_completions)
     app.router.add_get("/v1/models", views.list_models)
     add_preflight(app, "/v1/chat/completions", "/v1/models")
+    add_responses_routes(app)
     register_widget(app, settings)
     register_home(app, settings)
     app.router.add_get("/healthz", _healthz)
