@@ -34,6 +34,7 @@ from gateway.responses.objects import (
 )
 from gateway.responses.owner import owner_scope
 from gateway.responses.turn import ResponsesTurn
+from gateway.widget.cors import add_preflight
 from tenants.conversation_records import (
     ConversationNotFound,
     ItemNotFound,
@@ -43,6 +44,15 @@ from tenants.conversation_records import (
 )
 from tenants.conversation_store import ConversationStore
 
+PATHS = (
+    "/v1/responses",
+    "/v1/responses/{id}",
+    "/v1/responses/{id}/input_items",
+    "/v1/conversations",
+    "/v1/conversations/{id}",
+    "/v1/conversations/{id}/items",
+    "/v1/conversations/{id}/items/{item_id}",
+)
 MAX_LIMIT = 100
 MAX_METADATA = 16
 
@@ -219,3 +229,4 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/v1/conversations/{id}/items", add_items)
     r.add_get("/v1/conversations/{id}/items/{item_id}", get_item)
     r.add_delete("/v1/conversations/{id}/items/{item_id}", delete_item)
+    add_preflight(app, *PATHS)
