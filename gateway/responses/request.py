@@ -16,6 +16,7 @@ from gateway.chat.tools.models import MAX_TOOLS, NAME_PATTERN
 from gateway.errors import ApiError
 
 FunctionName = Annotated[str, Field(pattern=NAME_PATTERN)]
+MIN_OUTPUT_TOKENS = 16  # OpenAI's minimum of max_output_tokens (CreateResponse)
 
 
 class _In(BaseModel):
@@ -68,7 +69,7 @@ class ResponsesRequest(_In):
     store: bool | None = None
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None
-    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_output_tokens: Annotated[int, Field(ge=MIN_OUTPUT_TOKENS)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     text: TextParam | None = None

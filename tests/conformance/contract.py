@@ -27,6 +27,10 @@ and, from ``responses-schemas.json`` (vendored the same way from
     GET/POST /v1/conversations/{id}/items                 ConversationItemList
     GET /v1/conversations/{id}/items/{item}               ConversationItem
 
+and the bodies of accepted requests: POST /v1/responses (CreateResponse), POST
+/v1/conversations (CreateConversationBody), POST /v1/conversations/{id}
+(UpdateConversationBody).
+
 Violations are collected in ``failures`` (the client itself is not disturbed), and the fixture
 that made the client fails the test when there are any.
 """
@@ -106,6 +110,20 @@ def _schema_for(request: httpx.Request, status: int) -> str | None:
     return _responses_schema(request.method, path.removeprefix("/v1/").split("/"))
 
 
+def _request_schema(request: httpx.Request) -> str | None:
+    """The schema of an accepted request body (Responses and Conversations creations)."""
+    parts = request.url.path.removeprefix("/v1/").split("/")
+    if request.method != "POST":
+        return None
+    if parts == ["responses"]:
+        return "CreateResponse"
+    if parts == ["conversations"]:
+        return "CreateConversationBody"
+    if parts[0] == "conversations" and len(parts) == 2:
+        return "UpdateConversationBody"
+    return None
+
+
 def _responses_schema(method: str, parts: list[str]) -> str | None:
     """The schema of a Responses / Conversations answer (``parts``: the path after /v1/)."""
     if parts[0] == "responses":
@@ -129,6 +147,10 @@ class ContractTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         resp = await self._inner.handle_async_request(request)
+        body_schema = _request_schema(request)
+        if body_schema is not None and resp.status_code < 400:
+            where = f"request {request.method} {request.url.path}"
+            self.check(body_schema, request.content, where)  # what was accepted is OpenAI's
         name = _schema_for(request, resp.status_code)
         if name is None:
             return resp

@@ -45,7 +45,7 @@ async def _made(client: openai.AsyncOpenAI, model: str) -> tuple[str, str]:
         items=[{"type": "message", "role": "user", "content": "secret context"}]
     )
     r = await client.responses.create(
-        model=model, input="my secret", conversation=conv.id, max_output_tokens=2
+        model=model, input="my secret", conversation=conv.id, max_output_tokens=16
     )
     return r.id, conv.id
 
@@ -111,18 +111,18 @@ async def test_store_off_and_the_tenant_setting(
         model = gw.state.model_name
         t = await gw.create_tenant("store")
         client = gw.openai(t.key)
-        r = await client.responses.create(model=model, input="x", store=False, max_output_tokens=2)
+        r = await client.responses.create(model=model, input="x", store=False, max_output_tokens=16)
         assert r.store is False
         with pytest.raises(openai.NotFoundError):
             await client.responses.retrieve(r.id)
         await gw.admin("PATCH", f"/tenants/{t.id}", {"conversation_store": False})
 
         async def forced_off() -> bool:
-            r = await client.responses.create(model=model, input="x", max_output_tokens=2)
+            r = await client.responses.create(model=model, input="x", max_output_tokens=16)
             return r.store is False
 
         await wait_for_async(forced_off)
-        r = await client.responses.create(model=model, input="x", max_output_tokens=2)
+        r = await client.responses.create(model=model, input="x", max_output_tokens=16)
         with pytest.raises(openai.NotFoundError):
             await client.responses.retrieve(r.id)
 

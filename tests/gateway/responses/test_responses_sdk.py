@@ -24,11 +24,11 @@ async def test_create_get_delete_and_input_items(
         t = await gw.create_tenant("resp", system_prompt=SYSTEM)
         client = gw.openai(t.key)
         model = gw.state.model_name
-        r = await client.responses.create(model=model, input="Hello there", max_output_tokens=5)
+        r = await client.responses.create(model=model, input="Hello there", max_output_tokens=16)
         assert r.id.startswith("resp_") and r.object == "response"
         assert r.status in ("completed", "incomplete")
         assert r.output[0].type == "message" and r.output_text == r.output[0].content[0].text
-        assert r.usage.input_tokens > 0 and 0 < r.usage.output_tokens <= 5
+        assert r.usage.input_tokens > 0 and 0 < r.usage.output_tokens <= 16
         assert r.usage.input_tokens_details.cached_tokens >= 0
         got = await client.responses.retrieve(r.id)
         assert got.output_text == r.output_text and got.usage == r.usage
@@ -48,7 +48,7 @@ async def test_stream_events(gateway_database: str, demo_model_dir: Path, tmp_pa
         model = gw.state.model_name
         kinds, deltas = [], []
         async with client.responses.stream(
-            model=model, input="Count to three", max_output_tokens=6
+            model=model, input="Count to three", max_output_tokens=16
         ) as stream:
             async for event in stream:
                 kinds.append(event.type)
@@ -61,7 +61,7 @@ async def test_stream_events(gateway_database: str, demo_model_dir: Path, tmp_pa
         # A turn cut by max_output_tokens ends "incomplete", as OpenAI's does.
         assert kinds[-1] == f"response.{final.status}"
         assert final.output_text == "".join(deltas)
-        assert final.usage.output_tokens <= 6
+        assert final.usage.output_tokens <= 16
         stored = await client.responses.retrieve(final.id)
         assert stored.output_text == final.output_text
 

@@ -45,7 +45,7 @@ async def test_previous_response_id_keeps_the_tail_warm(
         for question in QUESTIONS:
             previous = last.id if last is not None else None
             r = await client.responses.create(
-                model=model, input=question, previous_response_id=previous, max_output_tokens=7
+                model=model, input=question, previous_response_id=previous, max_output_tokens=16
             )
             if last is not None:
                 cached = r.usage.input_tokens_details.cached_tokens
@@ -71,7 +71,7 @@ async def test_conversation_keeps_the_tail_warm(
                 model=gw.state.model_name,
                 input=question,
                 conversation=conv.id,
-                max_output_tokens=6,
+                max_output_tokens=16,
             )
             if last is not None:
                 cached = r.usage.input_tokens_details.cached_tokens
@@ -99,7 +99,7 @@ async def test_tail_comes_back_from_the_host_tier(
         other = await gw.create_tenant("flood")
         await gw.wait_pinned(t.id)
         client, model = gw.openai(t.key), gw.state.model_name
-        first = await client.responses.create(model=model, input=QUESTIONS[0], max_output_tokens=7)
+        first = await client.responses.create(model=model, input=QUESTIONS[0], max_output_tokens=16)
         engine = gw.state.engine
         total = engine.cache_stats().blocks_total
         flood = gw.openai(other.key)
@@ -109,14 +109,14 @@ async def test_tail_comes_back_from_the_host_tier(
             await flood.responses.create(
                 model=model,
                 input=text,
-                max_output_tokens=1,
+                max_output_tokens=16,
                 store=False,
                 prompt_cache_retention="24h",
             )
         before = engine.cache_stats()
         assert before.evictions > 0 and before.blocks_offloaded > 0
         r = await client.responses.create(
-            model=model, input=QUESTIONS[1], previous_response_id=first.id, max_output_tokens=3
+            model=model, input=QUESTIONS[1], previous_response_id=first.id, max_output_tokens=16
         )
         after = engine.cache_stats()
         cached = r.usage.input_tokens_details.cached_tokens
