@@ -69,7 +69,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--model", help="model path (default: the default model, else the demo one)")
     p.add_argument("--kv-bytes", type=int, default=1 << 30, help="device KV of c1 / c16")
-    p.add_argument("--cycle-kv-bytes", type=int, default=24 << 20, help="device KV of cycle")
+    p.add_argument("--cycle-kv-bytes", type=int, default=64 << 20, help="device KV of cycle")
     p.add_argument("--host-kv-bytes", type=int, default=512 << 20, help="host tier of cycle")
     p.add_argument("--only", choices=("c1", "c16", "cycle"), action="append")
     p.add_argument("--out", type=Path, default=RESULTS / "conversations.json")
@@ -307,9 +307,9 @@ async def _flooder(http: aiohttp.ClientSession, url: str, client: Client, engine
     count = [0]
 
     async def between() -> None:
-        for _ in range(total // 8 + 1):  # ~10 blocks each
+        for _ in range(total // 4 + 1):  # a few blocks each
             count[0] += 1
-            text = " ".join(f"f{count[0]}w{j}" for j in range(60))
+            text = " ".join(f"f{count[0]}w{j}" for j in range(12))
             body = {
                 "model": client.model,
                 "input": text,
@@ -394,7 +394,10 @@ def main(argv: Sequence[str]) -> int:
             "system_prompt_chars": len(SYSTEM),
         }
         print(json.dumps(config, indent=2))
-        results = {p: asyncio.run(_phase(args, Path(tmp), model, p)) for p in phases}
+        results: dict[str, Any] = {}
+        for phase in phases:  # each phase written as it ends (a later one may fail)
+            results[phase] = asyncio.run(_phase(args, Path(tmp), model, phase))
+            write_json(args.out, {"config": config, **results})
     _print(results)
     medians = {
         phase: {
