@@ -76,6 +76,17 @@ async def _principal(request: web.Request) -> tuple[ConversationStore, OwnerScop
     return ConversationStore(state.store), owner_scope(request, principal), principal
 
 
+def _storing(principal: Principal) -> None:
+    """A tenant that stores no conversations has none to create or add to."""
+    if not principal.runtime.conversations.store:
+        raise ApiError(
+            400,
+            "this tenant does not store conversations",
+            param="conversation",
+            code="store_disabled",
+        )
+
+
 def _items(doc: dict[str, Any], principal: Principal) -> list[NewItem]:
     """A body's ``items`` (system / developer ones under the client-system policy)."""
     raw = doc.get("items")
@@ -168,6 +179,7 @@ def _known(doc: dict[str, Any], allowed: tuple[str, ...]) -> None:
 
 async def create_conversation(request: web.Request) -> web.Response:
     store, scope, principal = await _principal(request)
+    _storing(principal)
     doc = await _body(request)
     _known(doc, ("metadata", "items"))
     items = _items(doc, principal)
@@ -209,6 +221,7 @@ async def list_items(request: web.Request) -> web.Response:
 
 async def add_items(request: web.Request) -> web.Response:
     store, scope, principal = await _principal(request)
+    _storing(principal)
     doc = await _body(request)
     _known(doc, ("items",))
     items = _items(doc, principal)
