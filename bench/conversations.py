@@ -7,7 +7,10 @@ each conversation's turns interleaved with its twin's (machine noise hits both a
     responses   POST /v1/responses, stream, ``previous_response_id`` of the last turn: the
                 gateway continues from the stored tail (gateway/responses/tail.py)
     chat        POST /v1/chat/completions, stream, every earlier turn resent as messages (the
-                assistant's answers as text), ``user`` per conversation (its own cache scope)
+                assistant's answers as text)
+
+Every conversation has its own ``user`` (its own cache scope: conversations never share blocks
+past the tenant prefix, even when they ask the same questions).
 
 Per turn (medians over conversations, min-max spread): time to first token (first text event),
 prefill tokens (``input - cached``: what the turn computed), cached tokens. Three phases:
@@ -116,6 +119,7 @@ class Client:
             "temperature": 0.0,
             "max_output_tokens": self.max_tokens,
             "previous_response_id": c.previous,
+            "user": c.user,  # its own cache scope, as the chat twin's
         }
         t0, first, final = time.perf_counter(), None, None
         async with self.http.post(
