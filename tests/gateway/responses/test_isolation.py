@@ -130,7 +130,7 @@ async def test_store_off_and_the_tenant_setting(
         assert refused.value.code == "store_disabled"
 
 
-async def wait_for_async(cond: Any, timeout: float = 10.0) -> None:
+async def wait_for_async(cond: Any, timeout: float = 60.0) -> None:
     """Until ``await cond()`` holds (a setting reaching the key cache through its event)."""
     import asyncio
 
