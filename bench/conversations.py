@@ -73,7 +73,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--model", help="model path (default: the default model, else the demo one)")
     p.add_argument("--kv-bytes", type=int, default=1 << 30, help="device KV of c1 / c16")
     p.add_argument("--cycle-kv-bytes", type=int, default=64 << 20, help="device KV of cycle")
-    p.add_argument("--host-kv-bytes", type=int, default=512 << 20, help="host tier of cycle")
+    p.add_argument("--host-kv-bytes", type=int, default=2 << 30, help="host tier of cycle")
     p.add_argument("--only", choices=("c1", "c16", "cycle"), action="append")
     p.add_argument("--out", type=Path, default=RESULTS / "conversations.json")
     return p.parse_args(list(argv))
