@@ -31,12 +31,15 @@ from tenants.schemas import parse
 from tenants.service import write_audit
 from tenants.usage_models import BUDGET_PERIODS, BudgetRow
 
+# A spend ceiling's bound: 10^9 USD is 10^18 nano-USD, inside the ledger's 64-bit columns.
+MAX_BUDGET_USD = Decimal(10**9)
+
 
 class PeriodIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_tokens: int | None = Field(default=None, ge=1, le=2**62)
-    max_spend_usd: Decimal | None = Field(default=None, ge=0, le=10**9)
+    max_spend_usd: Decimal | None = Field(default=None, ge=0, le=MAX_BUDGET_USD)
 
     @model_validator(mode="after")
     def _one(self) -> PeriodIn:
@@ -124,7 +127,11 @@ async def _put(request: web.Request, tenant: str, key_id: str) -> web.Response:
         p: PeriodIn | None = getattr(data, period)
         if p is None:
             continue
-        spend = None if p.max_spend_usd is None else usd_to_nanos(p.max_spend_usd, period)
+        spend = (
+            None
+            if p.max_spend_usd is None
+            else usd_to_nanos(p.max_spend_usd, period, MAX_BUDGET_USD)
+        )
         rows.append(
             BudgetRow(
                 tenant_id=tenant,

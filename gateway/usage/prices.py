@@ -51,14 +51,15 @@ class Price:
 ZERO = Price(0, 0, 0)
 
 
-def usd_to_nanos(value: Any, name: str) -> int:
-    """USD (a JSON number or decimal string) -> integer nano-USD, exact to 9 decimals."""
+def usd_to_nanos(value: Any, name: str, limit: Decimal = MAX_USD_PER_M) -> int:
+    """USD (a JSON number or decimal string) -> integer nano-USD, exact to 9 decimals; at most
+    ``limit`` USD (a price per 1M tokens by default)."""
     try:
         d = Decimal(str(value))
     except InvalidOperation:
         raise ValueError(f"{name}: not a number") from None
-    if not d.is_finite() or d < 0 or d > MAX_USD_PER_M:
-        raise ValueError(f"{name}: must be a number from 0 to {MAX_USD_PER_M}")
+    if not d.is_finite() or d < 0 or d > limit:
+        raise ValueError(f"{name}: must be a number from 0 to {limit}")
     return int((d * NANOS).quantize(Decimal(1), rounding=ROUND_HALF_UP))
 
 

@@ -60,3 +60,17 @@ async def test_price_and_budget_writes_are_audited(
     assert budgets[0]["details"]["soft_webhook"] is True
     assert budgets[1]["details"]["month"]["max_spend_usd"] == 5
     assert "very-secret" not in str(tenant_rows)
+
+
+async def test_a_spend_ceiling_past_a_prices_bound_is_taken_and_past_its_own_refused(
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    settings = make_settings(gateway_database, tmp_path, KVGATE_MODEL_NAME="demo")
+    async with live_gateway(settings, demo_model_dir) as gw:
+        tenant = await gw.create_tenant("big-spender")
+        path = f"/tenants/{tenant.id}/budget"
+        assert await _as(gw, ADMIN_TOKEN, "PUT", path, {"month": {"max_spend_usd": 10**9}}) == 200
+        budget = await gw.admin("GET", path)
+        too_big = {"month": {"max_spend_usd": 10**9 + 1}}
+        assert await _as(gw, ADMIN_TOKEN, "PUT", path, too_big) == 422
+    assert budget["month"]["max_spend_usd"] == 10**9
