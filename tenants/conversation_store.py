@@ -1,9 +1,13 @@
-"""Stored conversations and responses, scoped by (tenant, owner): the one module that reads and
-writes ``conversations``, ``responses`` and ``conversation_items`` (tenants/conversation_models.py).
+"""Stored conversations and responses, scoped by (tenant, owner): the entry point to the rows of
+``conversations``, ``responses`` and ``conversation_items`` (tenants/conversation_models.py).
 
 What callers may use (values in tenants/conversation_records.py):
 
-    scope = OwnerScope(tenant_id, owner)   the API and the widget: one owner's rows only
+    scope = OwnerScope(tenant_id, owner)   the API and the widget: one owner's rows only;
+                                           owner = "user:<widget session end_user_id>",
+                                           "addr:<visitor>" (widget key, no session) or
+                                           "key:<key id>" (server key); from a request:
+                                           gateway/responses/owner.py ``owner_scope``
     scope = TenantScope(tenant_id)         operators: every owner of the tenant
 
     ConversationStore(tenant_store)        each method one unit of work (TenantStore.read/write:
@@ -27,7 +31,10 @@ What callers may use (values in tenants/conversation_records.py):
 Every read filters on the scope: an id that exists under another owner or tenant raises the same
 ``ConversationNotFound`` / ``ResponseNotFound`` / ``ItemNotFound`` as one that never existed.
 The session-taking functions of tenants/conversations.py and tenants/stored_responses.py are
-the same operations for callers that hold a transaction.
+the same operations for callers that hold a transaction. Operators' deletions with their audit
+row: tenants/conversation_admin.py. Counters an operator reads per conversation: ``turns``,
+``input_tokens``, ``output_tokens``; spend: the ledger's records whose ``request_id`` is one of
+the conversation's response ids.
 """
 
 from __future__ import annotations
