@@ -6,12 +6,17 @@ user stored; the ledger's records carry the response id."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+from sqlalchemy import update
 
+from gateway.responses.retention import purge_once
+from tenants.conversation_models import ConversationRow, ResponseRow
+from tenants.models import utcnow
 from tests.gateway.harness import LiveGateway, live_gateway, make_settings
 from tests.widget.helpers import new_session, widget_tenant
 
@@ -165,3 +170,27 @@ async def test_owner_and_operator_deletion_and_the_ledger_link(
             return any(r["request_id"] == resp_id for r in records)
 
         await wait_for_async(recorded)
+
+
+async def test_retention_purge_through_the_gateway(
+    any_database: str, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    """The tenant's retention override reaches the gateway's purge: a conversation idle longer
+    is gone (404), the other tenant's (the 30-day default) stays."""
+    settings = make_settings(any_database, tmp_path)
+    async with live_gateway(settings, demo_model_dir) as gw:
+        model = gw.state.model_name
+        short, default = await gw.create_tenant("short"), await gw.create_tenant("default")
+        await gw.admin("PATCH", f"/tenants/{short.id}", {"conversation_retention_days": 1})
+        made = {t.id: await _made(gw.openai(t.key), model) for t in (short, default)}
+        store = gw.state.store
+        async with store.sessions() as session, session.begin():
+            old = utcnow() - timedelta(days=2)
+            await session.execute(update(ConversationRow).values(updated_at=old))
+            await session.execute(update(ResponseRow).values(created_at=old))
+        purged = await purge_once(gw.app)
+        assert (purged.conversations, purged.responses) == (1, 1)
+        with pytest.raises(openai.NotFoundError):
+            await gw.openai(short.key).conversations.retrieve(made[short.id][1])
+        kept = await gw.openai(default.key).conversations.retrieve(made[default.id][1])
+        assert kept.id == made[default.id][1]
