@@ -48,7 +48,7 @@ async def preflight(request: web.Request) -> web.Response:
         status=204,
         headers={
             "Access-Control-Allow-Origin": origin,
-            "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+            "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
             "Access-Control-Allow-Headers": "authorization, content-type",
             "Access-Control-Max-Age": "600",
             "Vary": "Origin",
