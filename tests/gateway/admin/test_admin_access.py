@@ -31,6 +31,7 @@ PARAMS = {
     "admin_id": "adm_missing",
     "model": "no-such-model",
     "path": "index.html",
+    "conv": "conv_missing",
 }
 
 
