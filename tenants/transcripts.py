@@ -11,7 +11,7 @@ stored response's id, or the chat completion a widget turn was, ``metadata.chat_
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, delete, func, or_, select
@@ -34,6 +34,7 @@ from tenants.usage_models import UsageRecordRow
 CHAT_ID_KEY = "chat_completion_id"  # a widget turn's chat completion, in the response metadata
 NANOS = 1_000_000_000
 CURSOR_SEP = "~"
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class TranscriptsDisabled(TenantStoreError):
@@ -88,15 +89,16 @@ def split_owner(owner: str) -> tuple[str, str]:
     return (kind, rest) if sep else ("user", owner)
 
 
+def _cursor_of(row: ConversationRow) -> str:
+    """Opaque and URL-safe: the row's start in microseconds since the epoch, and its id."""
+    return f"{(row.created_at - EPOCH) // timedelta(microseconds=1)}{CURSOR_SEP}{row.id}"
+
+
 def _cursor(raw: str) -> tuple[datetime, str]:
     stamp, sep, conv_id = raw.partition(CURSOR_SEP)
-    try:
-        when = datetime.fromisoformat(stamp)
-    except ValueError:
-        when = None
-    if not sep or when is None or not conv_id:
+    if not (sep and conv_id and stamp.isdigit() and len(stamp) <= 18):
         raise InvalidField("cursor must be a cursor returned by this endpoint", param="cursor")
-    return when, conv_id
+    return EPOCH + timedelta(microseconds=int(stamp)), conv_id
 
 
 async def list_transcripts(
@@ -125,8 +127,7 @@ async def list_transcripts(
     spends = await _spends(session, tenant_id, [r.id for r in rows])
     details: dict[str, Any] = {"count": len(rows), "end_user": end_user, "cursor": cursor}
     await write_audit(session, actor, "transcripts.list", tenant_id, details)
-    last = rows[-1] if rows else None
-    next_cursor = f"{last.created_at.isoformat()}{CURSOR_SEP}{last.id}" if more and last else None
+    next_cursor = _cursor_of(rows[-1]) if more and rows else None
     return TranscriptPageOut(
         data=[_summary(r, spends.get(r.id, 0)) for r in rows], next_cursor=next_cursor
     )

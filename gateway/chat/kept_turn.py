@@ -36,7 +36,6 @@ from tenants.transcripts import CHAT_ID_KEY
 log = structlog.get_logger("gateway.chat")
 
 HEADER = "X-Kvgate-Conversation"
-TURN_KEY = "kvgate_widget_turn"
 SOURCE = {"source": "widget"}  # the metadata of the conversations the widget started
 
 
@@ -134,6 +133,9 @@ class Turn:
         )
 
 
+TURN_KEY = web.RequestKey("widget_turn", Turn)
+
+
 def _message(item_id: str, role: str, part: str, text: str) -> dict[str, Any]:
     content: dict[str, Any] = {"type": part, "text": text}
     if part == "output_text":
@@ -175,5 +177,4 @@ async def begin_turn(
 
 
 def turn_of(request: web.Request) -> Turn | None:
-    turn = request.get(TURN_KEY)
-    return turn if isinstance(turn, Turn) else None
+    return request.get(TURN_KEY)

@@ -4,12 +4,14 @@ transcript access off, after which the page says why nothing is listed."""
 
 from __future__ import annotations
 
+import pytest
 from playwright.async_api import Page
 
 from tests.console.console import Env, new_token, settle, sign_in, watched_page
 from tests.gateway.admin.test_transcripts import ORIGIN, visitor_conversation
 from tests.widget.helpers import widget_tenant
 
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 MARKUP = '<img src=x onerror="alert(1)"><b id="injected">bold</b>'
 
 

@@ -5,6 +5,7 @@ Conversations are made the way the widget makes them (session tokens, the chat r
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ async def gw(
 ) -> AsyncIterator[LiveGateway]:
     var = tmp_path_factory.mktemp("transcripts")
     async with gateway_on_fresh_database(template_database, demo_model_dir, var) as live:
+        # $1000 per million tokens, cached or not: a conversation's spend is its tokens / 1000
+        await live.admin("PUT", f"/prices/{live.state.model_name}", {"input": 1000, "output": 1000})
         yield live
 
 
@@ -109,6 +112,19 @@ async def test_list_read_and_the_audit_log(gw: LiveGateway) -> None:
     assert len(lists) == 3  # the refused cursor wrote nothing
     viewer_id = await principal_id(gw, viewer)
     assert {a["actor"] for a in reads + lists} == {viewer_id}
+
+
+async def test_spend_is_the_ledgers(gw: LiveGateway) -> None:
+    t = await widget_tenant(gw, "tr-spend", [ORIGIN])
+    await gw.admin("PUT", f"/tenants/{t.id}/widget", {"history": True})
+    await visitor_conversation(gw, t.server_key, "frank", "How much is shipping?")
+    async with asyncio.timeout(30):  # the ledger writes its records in batches
+        while True:
+            (row,) = (await gw.admin("GET", f"/tenants/{t.id}/transcripts"))["data"]
+            if row["spend_usd"] > 0:
+                break
+            await asyncio.sleep(0.1)
+    assert row["spend_usd"] == pytest.approx(row["total_tokens"] / 1000)
 
 
 async def test_viewers_read_editors_delete_other_tenants_see_nothing(gw: LiveGateway) -> None:
