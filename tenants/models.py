@@ -109,6 +109,10 @@ class Tenant(Base):
     # HMAC-SHA256 key of the tenant's webhook tool calls (migrations/versions/0006_*), sealed
     # under the secrets key (tenants/sealing.py; 0009_*).
     tool_secret: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Stored responses and conversations (migrations/versions/0010_*): False forces ``store``
+    # off for every request; the retention in days (NULL: KVGATE_CONVERSATION_RETENTION_DAYS).
+    conversation_store: Mapped[bool] = mapped_column(Boolean, default=True)
+    conversation_retention_days: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class ApiKey(Base):

@@ -54,6 +54,14 @@ class ToolPolicy:
 
 
 @dataclass(frozen=True)
+class ConversationPolicy:
+    """Stored responses and conversations (tenants.conversation_*)."""
+
+    store: bool = True  # False: every request is served with ``store`` off
+    retention_days: int | None = None  # None: the gateway's KVGATE_CONVERSATION_RETENTION_DAYS
+
+
+@dataclass(frozen=True)
 class TenantRuntime:
     """Everything the request path needs about a tenant. ``limits`` are resolved (no None)."""
 
@@ -68,6 +76,7 @@ class TenantRuntime:
     # Per-visitor limits of widget traffic (tenants.visitor_*); None: the gateway's default.
     visitor_limits: Limits = field(default_factory=Limits)
     tool_policy: ToolPolicy = ToolPolicy()
+    conversations: ConversationPolicy = ConversationPolicy()
 
 
 async def authenticate_key(session: AsyncSession, secret: str) -> KeyIdentity | None:
@@ -155,6 +164,9 @@ def _runtime(tenant: Tenant, prompt: SystemPrompt | None, defaults: Limits) -> T
             tenant.visitor_rpm, tenant.visitor_tpm, tenant.visitor_max_concurrency
         ),
         tool_policy=_tool_policy(prompt),
+        conversations=ConversationPolicy(
+            store=tenant.conversation_store, retention_days=tenant.conversation_retention_days
+        ),
     )
 
 
