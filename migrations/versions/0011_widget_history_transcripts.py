@@ -1,7 +1,7 @@
 """The widget's conversation on the server, and operators' access to transcripts.
 
 Revision ID: 0011_widget_history_transcripts
-Revises: 0010_PLACEHOLDER
+Revises: 0010_conversations
 Create Date: 2026-12-07
 
 - ``tenants.widget_history``: the widget keeps each session-token visitor's conversation in the
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0011_widget_history_transcripts"
-down_revision = "0010_PLACEHOLDER"
+down_revision = "0010_conversations"
 branch_labels = None
 depends_on = None
 
