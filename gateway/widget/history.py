@@ -18,14 +18,23 @@ A turn is kept by the chat route: a widget request naming its conversation
 404) and, once the answer is complete, its last user message and the answer are saved as one
 stored response of that conversation (before the stream's last event: a reload right after the
 answer sees it). An answer that did not complete (stopped, failed) keeps nothing.
+
+Each call of these routes is one request of the caller's limits (tenant, issuing key, visitor:
+RPM and concurrency, as on the chat API; 429 with its headers beyond them).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from aiohttp import web
 
+from gateway.chat.admission import rate_limit_error, request_scopes
 from gateway.chat.kept_turn import SOURCE, conversation_not_found, owner_scope
 from gateway.context import STATE
+from gateway.ratelimit import Lease
 from tenants.conversation_records import (
     ConversationNotFound,
     ConversationRecord,
@@ -39,10 +48,21 @@ ENDED = {"source": "widget-ended"}  # a conversation the visitor replaced with a
 SCAN = 100  # the newest conversations of a visitor looked at for the current widget one
 
 
-async def _scope(request: web.Request) -> tuple[ConversationStore, OwnerScope]:
+@asynccontextmanager
+async def _visitor(request: web.Request) -> AsyncIterator[tuple[ConversationStore, OwnerScope]]:
+    """The caller's store and scope, admitted as one request of its scopes (tenant, key,
+    visitor: the chat API's RPM and concurrency; 429 beyond them), given back on exit."""
     state = request.app[STATE]
     principal = await state.keys.authenticate(request)
-    return ConversationStore(state.store), owner_scope(principal)
+    scope = owner_scope(principal)
+    lease = Lease.new(principal.runtime.tenant_id, request_scopes(request, principal), 0)
+    try:
+        decision = await state.limiter.acquire(lease)
+        if not decision.allowed:
+            raise rate_limit_error(decision)
+        yield ConversationStore(state.store), scope
+    finally:
+        await asyncio.shield(state.limiter.release(lease, 0))
 
 
 def message_of(item: ItemRecord) -> dict[str, str] | None:
@@ -71,26 +91,27 @@ async def _current(convs: ConversationStore, scope: OwnerScope) -> ConversationR
 
 
 async def current_conversation(request: web.Request) -> web.Response:
-    convs, scope = await _scope(request)
-    return await _answer(convs, scope, await _current(convs, scope))
+    async with _visitor(request) as (convs, scope):
+        return await _answer(convs, scope, await _current(convs, scope))
 
 
 async def new_conversation(request: web.Request) -> web.Response:
     """The current conversation ends (kept, marked ``ENDED``: the widget no longer shows it);
     a new empty one is the current."""
-    convs, scope = await _scope(request)
-    current = await _current(convs, scope)
-    if current is not None:
-        await convs.update_conversation(scope, current.id, dict(ENDED))
-    return await _answer(convs, scope, await convs.create_conversation(scope, dict(SOURCE)), 201)
+    async with _visitor(request) as (convs, scope):
+        current = await _current(convs, scope)
+        if current is not None:
+            await convs.update_conversation(scope, current.id, dict(ENDED))
+        created = await convs.create_conversation(scope, dict(SOURCE))
+        return await _answer(convs, scope, created, 201)
 
 
 async def delete_conversation(request: web.Request) -> web.Response:
-    convs, scope = await _scope(request)
     conv_id = request.match_info["conv"]
-    try:
-        await convs.delete_conversation(scope, conv_id)
-    except ConversationNotFound:
-        raise conversation_not_found(conv_id) from None
+    async with _visitor(request) as (convs, scope):
+        try:
+            await convs.delete_conversation(scope, conv_id)
+        except ConversationNotFound:
+            raise conversation_not_found(conv_id) from None
     body = {"id": conv_id, "object": "conversation.deleted", "deleted": True}
     return web.json_response(body, headers={"Cache-Control": "no-store"})

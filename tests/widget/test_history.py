@@ -199,3 +199,19 @@ async def test_a_kept_turn_must_end_with_the_users_message(gw: LiveGateway) -> N
         )
     assert err.value.param == "messages"
     assert (await current(gw, alice))["messages"] == []
+
+
+async def test_history_calls_count_against_the_visitors_limits(gw: LiveGateway) -> None:
+    t = await widget_tenant(gw, "hist-rpm", [ORIGIN])
+    settings = {"history": True, "visitor_limits": {"rpm": 3}}
+    await gw.admin("PUT", f"/tenants/{t.id}/widget", settings)
+    alice = await token(gw, t, "alice")
+    for _ in range(3):
+        await current(gw, alice)
+    status, headers, body = await request(
+        gw, "GET", "/v1/widget/conversation", Authorization=f"Bearer {alice}", Origin=ORIGIN
+    )
+    assert status == 429 and body["error"]["code"] == "rate_limit_exceeded", body
+    assert int(headers["Retry-After"]) > 0 and headers["x-ratelimit-scope"] == "visitor"
+    # another visitor of the tenant is not affected
+    assert (await current(gw, await token(gw, t, "bob")))["id"] is None
