@@ -103,6 +103,16 @@ class TenantPatch(_In):
     name: str | None = Field(default=None, min_length=1, max_length=200)
     status: Literal["active", "suspended"] | None = None
     allow_client_system: bool | None = None
+    conversation_store: bool | None = Field(
+        default=None, description="false: every response is served with store off"
+    )
+    conversation_retention_days: int | None = Field(
+        default=None,
+        ge=0,
+        le=36500,
+        description="days a stored conversation is kept after its last turn; 0: the gateway's "
+        "KVGATE_CONVERSATION_RETENTION_DAYS",
+    )
 
 
 class PromptSet(_In):
@@ -277,6 +287,8 @@ class TenantOut(_Out):
     prompt_version: int | None
     limits: LimitsOut
     keys: list[KeyOut] | None = None
+    conversation_store: bool = True
+    conversation_retention_days: int | None = None
 
 
 class PromptOut(_Out):

@@ -177,12 +177,12 @@ async def _purge_tenant(session: AsyncSession, tenant_id: str, cutoff: datetime)
 
 
 async def purge_expired(session: AsyncSession, now: datetime, default_days: int | None) -> Purged:
-    """Conversations idle longer than their tenant's retention (``tenants.conversation_
-    retention_days``, else ``default_days``; None or 0: kept) and standalone responses older."""
+    """Conversations idle longer than their tenant's retention, and standalone responses
+    older: ``tenants.conversation_retention_days`` (0 or NULL: ``default_days``; None: kept)."""
     rows = (await session.execute(select(Tenant.id, Tenant.conversation_retention_days))).all()
     purged = Purged()
     for tenant_id, days in rows:
-        keep = days if days is not None else default_days
+        keep = days or default_days  # 0 or NULL: the default
         if keep:
             purged += await _purge_tenant(session, tenant_id, now - timedelta(days=keep))
     return purged

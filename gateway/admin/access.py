@@ -94,6 +94,10 @@ ACCESS: Mapping[tuple[str, str], Need] = {
     ("POST", f"{T}/tool-secret/rotate"): _write("tenant"),
     ("POST", f"{T}/mcp-servers"): _write("tenant"),
     ("GET", f"{T}/mcp-servers"): _read("tenant"),
+    # stored conversations (gateway/admin/conversations.py)
+    ("DELETE", f"{T}/conversations/{{conversation_id}}"): _write("tenant"),
+    ("DELETE", f"{T}/end-users/{{end_user}}/conversations"): _write("tenant"),
+    ("DELETE", f"{K}/conversations"): _write("tenant"),
     # cluster (gateway/cluster/admin.py)
     ("GET", "/v1/cluster"): _read("platform"),
     # usage ledger and prices (gateway/usage/admin.py)

@@ -24,6 +24,7 @@ from gateway.admin.admins import add_admin_routes
 from gateway.admin.auth import admin_auth_middleware
 from gateway.admin.console import add_console_routes
 from gateway.admin.context import ADMIN_CONTEXT, AdminContext, CacheProvider, PromptLimit
+from gateway.admin.conversations import add_conversation_admin_routes
 from gateway.admin.principal import PrincipalCache
 from gateway.admin.session import MemorySessionStore, SessionStore
 from gateway.admin.session_views import add_session_routes
@@ -103,6 +104,7 @@ def create_admin_app(
     )
     add_routes(app)
     add_widget_admin_routes(app)  # PUT/GET /v1/tenants/{id}/widget, POST .../rotate-secret
+    add_conversation_admin_routes(app)  # DELETE stored conversations, an end user's data
     add_admin_routes(app)
     add_session_routes(app)
     add_console_routes(app)

@@ -4,7 +4,7 @@ gateway/widget/history.py has the routes and the whole story).
 ``begin_turn`` runs before admission: a request naming its conversation (``X-Kvgate-Conversation``)
 must come with a widget session token of a tenant that keeps history, end with the user's new
 message, and name a conversation of that visitor (else 403 / 400 / 404, nothing admitted).
-``Turn.save`` stores the last user message and the complete answer as one stored response of
+``KeptTurn.save`` stores the last user message and the complete answer as one stored response of
 the conversation (its counters move with it).
 """
 
@@ -69,7 +69,7 @@ def conversation_not_found(conv_id: str) -> ApiError:
 
 
 @dataclass
-class Turn:
+class KeptTurn:
     """One widget chat request that keeps its turn: where, and the answer as it streams."""
 
     store: ConversationStore
@@ -133,7 +133,7 @@ class Turn:
         )
 
 
-TURN_KEY = web.RequestKey("widget_turn", Turn)
+TURN_KEY = web.RequestKey("widget_turn", KeptTurn)
 
 
 def _message(item_id: str, role: str, part: str, text: str) -> dict[str, Any]:
@@ -151,7 +151,7 @@ def _message(item_id: str, role: str, part: str, text: str) -> dict[str, Any]:
 
 async def begin_turn(
     request: web.Request, principal: Principal, messages: list[ChatMessage]
-) -> Turn | None:
+) -> KeptTurn | None:
     """The turn of a chat request naming its conversation (``X-Kvgate-Conversation``), checked
     to be the visitor's own before anything is admitted; None without the header."""
     conv_id = request.headers.get(HEADER)
@@ -171,10 +171,10 @@ async def begin_turn(
         await store.get_conversation(scope, conv_id)
     except ConversationNotFound:
         raise conversation_not_found(conv_id) from None
-    turn = Turn(store, scope, conv_id, last.text, principal.identity.key_id)
+    turn = KeptTurn(store, scope, conv_id, last.text, principal.identity.key_id)
     request[TURN_KEY] = turn
     return turn
 
 
-def turn_of(request: web.Request) -> Turn | None:
+def turn_of(request: web.Request) -> KeptTurn | None:
     return request.get(TURN_KEY)

@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.chat.generation import ChoiceGroup
-from gateway.chat.kept_turn import Turn, turn_of
+from gateway.chat.kept_turn import KeptTurn, turn_of
 from gateway.chat.ledger import TOOL_CALLS
 from gateway.chat.observe import RequestObserver
 from gateway.chat.schemas import chunk_body, usage_body
@@ -43,7 +43,7 @@ DEFAULT_STATUS = "Working..."
 
 class ToolStreamer:
     def __init__(
-        self, loop: ToolLoop, resp: web.StreamResponse, rid: str, turn: Turn | None = None
+        self, loop: ToolLoop, resp: web.StreamResponse, rid: str, turn: KeptTurn | None = None
     ) -> None:
         self.loop = loop
         self.turn = turn  # the widget's kept turn: the content the visitor was sent
