@@ -56,14 +56,14 @@ async def list_transcripts(request: web.Request) -> web.Response:
 
 async def read_transcript(request: web.Request) -> web.Response:
     ctx = request.app[ADMIN_CONTEXT]
-    tenant_id, conv_id, actor = request.match_info["id"], request.match_info["conv"], ctx.actor
+    tenant_id, conv_id, actor = request.match_info["id"], request.match_info["conversation_id"], ctx.actor
     out = await ctx.store.write(lambda s: tr.read_transcript(s, tenant_id, conv_id, actor=actor))
     return _json(out)
 
 
 async def delete_transcript(request: web.Request) -> web.Response:
     ctx = request.app[ADMIN_CONTEXT]
-    tenant_id, conv_id, actor = request.match_info["id"], request.match_info["conv"], ctx.actor
+    tenant_id, conv_id, actor = request.match_info["id"], request.match_info["conversation_id"], ctx.actor
     await ctx.store.write(lambda s: tr.delete_transcript(s, tenant_id, conv_id, actor=actor))
     return web.json_response({"id": conv_id, "object": "conversation.deleted", "deleted": True})
 
@@ -87,8 +87,8 @@ def add_transcript_routes(app: web.Application) -> None:
     app.router.add_routes(
         [
             web.get(f"{T}/transcripts", list_transcripts),
-            web.get(f"{T}/transcripts/{{conv}}", read_transcript),
-            web.delete(f"{T}/transcripts/{{conv}}", delete_transcript),
+            web.get(f"{T}/transcripts/{{conversation_id}}", read_transcript),
+            web.delete(f"{T}/transcripts/{{conversation_id}}", delete_transcript),
             web.get(f"{T}/transcript-access", get_access),
             web.put(f"{T}/transcript-access", put_access),
         ]

@@ -81,7 +81,6 @@ _PATH_PARAMS: dict[str, dict[str, Any]] = {
     "model": {"type": "string", "minLength": 1, "maxLength": 200, "description": "model id"},
     "admin_id": {"type": "string", "description": "admin id (from createAdmin or listAdmins)"},
     "path": {"type": "string", "description": "a file of the console (index.html, js/app.js)"},
-    "conv": {"type": "string", "description": "conversation id (conv_…)"},
 }
 
 

@@ -137,7 +137,7 @@ def _widget_history_operations() -> tuple[Operation, ...]:
         Operation("post", conv, "newWidgetConversation",
                   "New conversation: the current one ends, an empty one starts", "widget",
                   TENANT_KEY, {201: am.WidgetConversation}, (401, 403, 503)),
-        Operation("delete", f"{conv}/{{conv}}", "deleteWidgetConversation",
+        Operation("delete", f"{conv}/{{conversation_id}}", "deleteWidgetConversation",
                   "delete one of the session visitor's conversations", "widget", TENANT_KEY,
                   {200: am.ConversationDeleted}, (401, 403, 404, 503)),
     )  # fmt: skip
@@ -145,7 +145,7 @@ def _widget_history_operations() -> tuple[Operation, ...]:
 
 def _transcript_operations() -> tuple[Operation, ...]:
     """Operators' transcripts (every list and read audited)."""
-    one = f"{_T}/transcripts/{{conv}}"
+    one = f"{_T}/transcripts/{{conversation_id}}"
     access = f"{_T}/transcript-access"
     return (
         _admin("get", f"{_T}/transcripts", "listTranscripts",

@@ -107,7 +107,7 @@ async def new_conversation(request: web.Request) -> web.Response:
 
 
 async def delete_conversation(request: web.Request) -> web.Response:
-    conv_id = request.match_info["conv"]
+    conv_id = request.match_info["conversation_id"]
     async with _visitor(request) as (convs, scope):
         try:
             await convs.delete_conversation(scope, conv_id)

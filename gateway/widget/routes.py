@@ -25,7 +25,7 @@ def register_widget(app: web.Application, settings: Settings) -> None:
     app.router.add_post(SESSIONS_ROUTE, create_session)
     app.router.add_get(CONVERSATION_ROUTE, current_conversation)
     app.router.add_post(CONVERSATIONS_ROUTE, new_conversation)
-    app.router.add_delete(CONVERSATIONS_ROUTE + "/{conv}", delete_conversation)
+    app.router.add_delete(CONVERSATIONS_ROUTE + "/{conversation_id}", delete_conversation)
     add_preflight(
         app,
         SCRIPT_ROUTE,
@@ -33,7 +33,7 @@ def register_widget(app: web.Application, settings: Settings) -> None:
         SESSIONS_ROUTE,
         CONVERSATION_ROUTE,
         CONVERSATIONS_ROUTE,
-        CONVERSATIONS_ROUTE + "/{conv}",
+        CONVERSATIONS_ROUTE + "/{conversation_id}",
     )
     if settings.widget.demo:
         app[DEMO_KEYS] = DemoKeys(settings.server.var_dir)

@@ -31,7 +31,8 @@ PARAMS = {
     "admin_id": "adm_missing",
     "model": "no-such-model",
     "path": "index.html",
-    "conv": "conv_missing",
+    "conversation_id": "conv_missing",
+    "end_user": "user:nobody",
 }
 
 
