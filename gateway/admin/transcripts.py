@@ -56,14 +56,16 @@ async def list_transcripts(request: web.Request) -> web.Response:
 
 async def read_transcript(request: web.Request) -> web.Response:
     ctx = request.app[ADMIN_CONTEXT]
-    tenant_id, conv_id, actor = request.match_info["id"], request.match_info["conversation_id"], ctx.actor
+    m, actor = request.match_info, ctx.actor
+    tenant_id, conv_id = m["id"], m["conversation_id"]
     out = await ctx.store.write(lambda s: tr.read_transcript(s, tenant_id, conv_id, actor=actor))
     return _json(out)
 
 
 async def delete_transcript(request: web.Request) -> web.Response:
     ctx = request.app[ADMIN_CONTEXT]
-    tenant_id, conv_id, actor = request.match_info["id"], request.match_info["conversation_id"], ctx.actor
+    m, actor = request.match_info, ctx.actor
+    tenant_id, conv_id = m["id"], m["conversation_id"]
     await ctx.store.write(lambda s: tr.delete_transcript(s, tenant_id, conv_id, actor=actor))
     return web.json_response({"id": conv_id, "object": "conversation.deleted", "deleted": True})
 
