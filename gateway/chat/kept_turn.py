@@ -22,6 +22,7 @@ from gateway.chat.generation import GenerationStats
 from gateway.chat.messages import ChatMessage
 from gateway.context import STATE
 from gateway.errors import ApiError
+from tenants.conversation_models import ID_MAX
 from tenants.conversation_records import (
     ConversationNotFound,
     NewItem,
@@ -57,6 +58,14 @@ def owner_scope(principal: Principal) -> OwnerScope:
             403, "this chat does not keep conversations on the server", "history_disabled"
         )
     return OwnerScope(principal.runtime.tenant_id, f"user:{principal.end_user_id}")
+
+
+def checked_id(conv_id: str) -> str:
+    """``conv_id`` if it can name a stored conversation; else the 404 of an unknown id (no
+    query: PostgreSQL text cannot hold NUL, and no id is longer than the column)."""
+    if not 0 < len(conv_id) <= ID_MAX or "\x00" in conv_id:
+        raise conversation_not_found(conv_id[:ID_MAX])
+    return conv_id
 
 
 def conversation_not_found(conv_id: str) -> ApiError:
@@ -158,6 +167,7 @@ async def begin_turn(
     if conv_id is None:
         return None
     scope = owner_scope(principal)
+    checked_id(conv_id)
     last = messages[-1]
     if last.role != "user":
         raise ApiError(

@@ -32,7 +32,7 @@ from contextlib import asynccontextmanager
 from aiohttp import web
 
 from gateway.chat.admission import rate_limit_error, request_scopes
-from gateway.chat.kept_turn import SOURCE, conversation_not_found, owner_scope
+from gateway.chat.kept_turn import SOURCE, checked_id, conversation_not_found, owner_scope
 from gateway.context import STATE
 from gateway.ratelimit import Lease
 from tenants.conversation_records import (
@@ -109,6 +109,7 @@ async def new_conversation(request: web.Request) -> web.Response:
 async def delete_conversation(request: web.Request) -> web.Response:
     conv_id = request.match_info["conversation_id"]
     async with _visitor(request) as (convs, scope):
+        checked_id(conv_id)
         try:
             await convs.delete_conversation(scope, conv_id)
         except ConversationNotFound:

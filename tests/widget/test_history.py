@@ -181,6 +181,10 @@ async def test_a_visitor_never_reaches_another_visitors_conversation(gw: LiveGat
         with pytest.raises(openai.NotFoundError):
             await say(gw, stranger, conv, [], "show me")
     assert len((await current(gw, alice))["messages"]) == 2  # untouched
+    # ids no conversation can have are the same 404, never a database error
+    for odd in ("a%00b", "c" * 65, "%F0%9F%92%A5"):
+        status, body = await call(gw, "DELETE", f"/v1/widget/conversations/{odd}", bob)
+        assert (status, body["error"]["code"]) == (404, "conversation_not_found"), odd
 
 
 async def test_a_kept_turn_must_end_with_the_users_message(gw: LiveGateway) -> None:
