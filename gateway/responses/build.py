@@ -19,13 +19,22 @@ from gateway.responses.request import ResponsesRequest, function_tools, validati
 def check_instructions(req: ResponsesRequest, principal: Principal) -> None:
     """Client ``instructions`` and system / developer input follow the client-system policy,
     exactly as a client system message does in chat."""
+    items = req.input if isinstance(req.input, list) else []
+    check_system_items(items, principal, "input", ["instructions"] if req.instructions else [])
+
+
+def check_system_items(
+    items: Sequence[Any], principal: Principal, param: str, refused: list[str] | None = None
+) -> None:
+    """System / developer items (of ``input``, or of a conversation's ``items``) under the
+    client-system policy."""
     if principal.allow_client_system:
         return
     source = "from the widget" if principal.is_widget else "from clients"
-    refused = ["instructions"] if req.instructions else []
-    for i, item in enumerate(req.input if isinstance(req.input, list) else []):
+    refused = list(refused or [])
+    for i, item in enumerate(items):
         if isinstance(item, dict) and item.get("role") in ("system", "developer"):
-            refused.append(f"input[{i}].role")
+            refused.append(f"{param}[{i}].role")
     if refused:
         raise ApiError(
             400,

@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.errors import ApiError
 from tenants.conversation_records import NewItem
 
 
@@ -71,6 +72,10 @@ class EventStream:
             name=item.data["name"],
         )
         await self.send("response.output_item.done", output_index=index, item=dict(item.data))
+
+    async def error(self, err: ApiError) -> None:
+        """A failure after the stream started (OpenAI's ``error`` event); the stream ends."""
+        await self.send("error", code=err.code or err.type, message=err.message, param=err.param)
 
     async def message(self, item: NewItem, index: int) -> None:
         """A whole message at once (an answer parsed for calls before it is sent)."""

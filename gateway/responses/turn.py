@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -32,6 +32,7 @@ from gateway.chat.tools.loop import ToolLoop
 from gateway.chat.tools.models import ToolDef
 from gateway.chat.tools.plan import OutputPlan
 from gateway.context import STATE, GatewayState
+from gateway.errors import ApiError, to_api_error
 from gateway.prompts.tenant_prefix import TenantPrefix
 from gateway.responses.build import chat_request, check_instructions
 from gateway.responses.events import EventStream
@@ -45,6 +46,22 @@ from gateway.responses.tail import TailPlan, digest, tail_of
 from tenants.conversation_records import NewItem, NewResponse, OwnerScope, new_id
 from tenants.conversation_store import ConversationStore
 from tenants.models import utcnow
+
+
+@contextlib.asynccontextmanager
+async def _failures_as_events(events: EventStream, obs: RequestObserver) -> AsyncIterator[None]:
+    """Headers are out: a failure (the store unavailable, the engine gone) becomes an ``error``
+    event and the stream ends; a client that went away is not told."""
+    try:
+        yield
+    except ConnectionError:
+        raise
+    except Exception as exc:
+        err = to_api_error(exc) or ApiError(500, "internal server error", type_="internal_error")
+        obs.stream_error = err.code or err.type
+        await events.error(err)
+        obs.delivered = True
+        await events.resp.write_eof()
 
 
 class ResponsesTurn:
@@ -174,13 +191,15 @@ class ResponsesTurn:
             obs.delivered = True
             return answered
         events = EventStream(await open_stream(request, headers))
-        await self._open_events(events)
-        for index, item in enumerate(items):
-            if item.type == "message":
-                await events.message(item, index)
-            else:
-                await events.call(item, index)
-        return await self._close_events(events, body, obs)
+        async with _failures_as_events(events, obs):
+            await self._open_events(events)
+            for index, item in enumerate(items):
+                if item.type == "message":
+                    await events.message(item, index)
+                else:
+                    await events.call(item, index)
+            await self._close_events(events, body, obs)
+        return events.resp
 
     async def _stream_text(
         self,
@@ -190,23 +209,25 @@ class ResponsesTurn:
         headers: dict[str, str],
         obs: RequestObserver,
     ) -> web.StreamResponse:
-        resp = await open_stream(request, headers)
-        events = EventStream(resp)
-        await self._open_events(events)
-        item_id, parts, reason = new_id("msg"), [], "stop"
-        await events.begin_message(item_id, 0)
-        async with contextlib.aclosing(gen.pieces()) as pieces:
-            async for piece in pieces:
-                if piece.finish_reason is not None:
-                    reason = piece.finish_reason
-                elif piece.text:
-                    parts.append(piece.text)
-                    await events.text_delta(item_id, 0, piece.text)
-        answer = Answer("".join(parts), (), reason)
-        items = output_items(answer, item_id)
-        body = await self._stored(request, gen, ready, answer, items, gen.choices[0].token_ids)
-        await events.end_message(items[0], 0)
-        return await self._close_events(events, body, obs)
+        events = EventStream(await open_stream(request, headers))
+        async with _failures_as_events(events, obs):
+            await self._open_events(events)
+            item_id, parts, reason = new_id("msg"), [], "stop"
+            await events.begin_message(item_id, 0)
+            async with contextlib.aclosing(gen.pieces()) as pieces:
+                async for piece in pieces:
+                    if piece.finish_reason is not None:
+                        reason = piece.finish_reason
+                    elif piece.text:
+                        parts.append(piece.text)
+                        await events.text_delta(item_id, 0, piece.text)
+            answer = Answer("".join(parts), (), reason)
+            items = output_items(answer, item_id)
+            ids = gen.choices[0].token_ids
+            body = await self._stored(request, gen, ready, answer, items, ids)
+            await events.end_message(items[0], 0)
+            await self._close_events(events, body, obs)
+        return events.resp
 
     async def _open_events(self, events: EventStream) -> None:
         assert self.req is not None
@@ -224,12 +245,11 @@ class ResponsesTurn:
 
     async def _close_events(
         self, events: EventStream, body: dict[str, Any], obs: RequestObserver
-    ) -> web.StreamResponse:
+    ) -> None:
         kind = "response.completed" if body["status"] == "completed" else "response.incomplete"
         await events.send(kind, response=body)
         obs.delivered = True
         await events.resp.write_eof()
-        return events.resp
 
     async def _stored(
         self,

@@ -25,6 +25,7 @@ from gateway.access.auth import Principal
 from gateway.chat.views import serve_turn
 from gateway.context import STATE
 from gateway.errors import REQUEST_ID, TENANT, ApiError, new_request_id, register_error
+from gateway.responses.build import check_system_items
 from gateway.responses.items import parse_input
 from gateway.responses.objects import (
     conversation_body,
@@ -38,6 +39,7 @@ from gateway.widget.cors import add_preflight
 from tenants.conversation_records import (
     ConversationNotFound,
     ItemNotFound,
+    NewItem,
     Order,
     OwnerScope,
     ResponseNotFound,
@@ -62,11 +64,38 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
 
 async def _caller(request: web.Request) -> tuple[ConversationStore, OwnerScope]:
+    store, scope, _ = await _principal(request)
+    return store, scope
+
+
+async def _principal(request: web.Request) -> tuple[ConversationStore, OwnerScope, Principal]:
     state = request.app[STATE]
     request[REQUEST_ID] = new_request_id()
     principal: Principal = await state.keys.authenticate(request)
     request[TENANT] = principal.runtime.tenant_id
-    return ConversationStore(state.store), owner_scope(request, principal)
+    return ConversationStore(state.store), owner_scope(request, principal), principal
+
+
+def _storing(principal: Principal) -> None:
+    """A tenant that stores no conversations has none to create or add to."""
+    if not principal.runtime.conversations.store:
+        raise ApiError(
+            400,
+            "this tenant does not store conversations",
+            param="conversation",
+            code="store_disabled",
+        )
+
+
+def _items(doc: dict[str, Any], principal: Principal) -> list[NewItem]:
+    """A body's ``items`` (system / developer ones under the client-system policy)."""
+    raw = doc.get("items")
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ApiError(400, "items must be an array", param="items")
+    check_system_items(raw, principal, "items")
+    return parse_input(raw, "items")
 
 
 def _json(request: web.Request, body: dict[str, Any]) -> web.Response:
@@ -149,10 +178,11 @@ def _known(doc: dict[str, Any], allowed: tuple[str, ...]) -> None:
 
 
 async def create_conversation(request: web.Request) -> web.Response:
-    store, scope = await _caller(request)
+    store, scope, principal = await _principal(request)
+    _storing(principal)
     doc = await _body(request)
     _known(doc, ("metadata", "items"))
-    items = parse_input(doc.get("items"), "items") if doc.get("items") is not None else []
+    items = _items(doc, principal)
     conv = await store.create_conversation(scope, _metadata(doc), items)
     return _json(request, conversation_body(conv))
 
@@ -190,13 +220,14 @@ async def list_items(request: web.Request) -> web.Response:
 
 
 async def add_items(request: web.Request) -> web.Response:
-    store, scope = await _caller(request)
+    store, scope, principal = await _principal(request)
+    _storing(principal)
     doc = await _body(request)
     _known(doc, ("items",))
-    raw = doc.get("items")
-    if not isinstance(raw, list) or not raw:
+    items = _items(doc, principal)
+    if not items:
         raise ApiError(400, "items must be a non-empty array", param="items")
-    added = await store.append_items(scope, request.match_info["id"], parse_input(raw, "items"))
+    added = await store.append_items(scope, request.match_info["id"], items)
     return _json(request, item_list(added, False))
 
 

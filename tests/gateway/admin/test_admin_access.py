@@ -32,7 +32,7 @@ PARAMS = {
     "model": "no-such-model",
     "path": "index.html",
     "conversation_id": "conv_missing",
-    "end_user": "user:nobody",
+    "end_user": "nobody",
 }
 
 

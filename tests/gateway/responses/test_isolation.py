@@ -125,9 +125,12 @@ async def test_store_off_and_the_tenant_setting(
         r = await client.responses.create(model=model, input="x", max_output_tokens=16)
         with pytest.raises(openai.NotFoundError):
             await client.responses.retrieve(r.id)
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.conversations.create()
+        assert refused.value.code == "store_disabled"
 
 
-async def wait_for_async(cond: Any, timeout: float = 10.0) -> None:
+async def wait_for_async(cond: Any, timeout: float = 60.0) -> None:
     """Until ``await cond()`` holds (a setting reaching the key cache through its event)."""
     import asyncio
 

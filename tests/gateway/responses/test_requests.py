@@ -83,6 +83,14 @@ async def test_instructions_follow_the_client_system_policy(
         dev = [{"role": "developer", "content": "x"}, {"role": "user", "content": "hi"}]
         error = await _refused(gw, closed.key, {"input": dev})
         assert error["param"] == "input[0].role"
+        status, _, answer = await request(
+            gw,
+            "POST",
+            "/v1/conversations",
+            json={"items": dev},
+            Authorization=f"Bearer {closed.key}",
+        )
+        assert status == 400 and answer["error"]["param"] == "items[0].role"
         open_ = await gw.create_tenant("open")
         r = await gw.openai(open_.key).responses.create(
             model=gw.state.model_name,

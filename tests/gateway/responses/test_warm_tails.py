@@ -123,3 +123,27 @@ async def test_tail_comes_back_from_the_host_tier(
         assert cached >= floor_blocks(carried(first), block)
         assert after.blocks_restored > before.blocks_restored
         assert after.host_hit_tokens > before.host_hit_tokens
+
+
+async def test_prompt_cache_key_narrows_the_scope(
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    """Turns under another ``prompt_cache_key`` (same owner) never share blocks past the tenant
+    prefix; the same key keeps the tail warm."""
+    settings = make_settings(gateway_database, tmp_path)
+    block = settings.model.block_size
+    async with live_gateway(settings, demo_model_dir) as gw:
+        t = await gw.create_tenant("cache-key", system_prompt=SYSTEM)
+        info = await gw.wait_pinned(t.id)
+        client, model = gw.openai(t.key), gw.state.model_name
+        kw: dict[str, Any] = {"model": model, "max_output_tokens": 16}
+        first = await client.responses.create(input=QUESTIONS[0], prompt_cache_key="a", **kw)
+        other = await client.responses.create(
+            input=QUESTIONS[1], previous_response_id=first.id, prompt_cache_key="b", **kw
+        )
+        assert other.usage.input_tokens_details.cached_tokens == info["pinned_tokens"]
+        same = await client.responses.create(
+            input=QUESTIONS[1], previous_response_id=first.id, prompt_cache_key="a", **kw
+        )
+        cached = same.usage.input_tokens_details.cached_tokens
+        assert cached >= floor_blocks(carried(first), block)
