@@ -53,9 +53,16 @@ def owner_scope(principal: Principal) -> OwnerScope:
             "conversation history needs a widget session token (a widget key names no visitor)",
             "session_required",
         )
-    if not principal.runtime.widget.history:
+    rt = principal.runtime
+    if not rt.widget.history:
         raise _refused(
             403, "this chat does not keep conversations on the server", "history_disabled"
+        )
+    if not rt.conversations.store:  # the tenant stores no conversations at all
+        raise _refused(
+            403,
+            "this chat does not keep conversations on the server: the tenant stores none",
+            "history_disabled",
         )
     return OwnerScope(principal.runtime.tenant_id, f"user:{principal.end_user_id}")
 

@@ -73,7 +73,7 @@ async def widget_config(request: web.Request) -> web.Response:
         "greeting": widget.greeting,
         "accent": widget.accent,
         "require_session": widget.require_session,
-        "history": widget.history,
+        "history": widget.history and rt.conversations.store,
         "model": state.model_name,
     }
     return web.json_response(body, headers={"Cache-Control": "no-cache"})

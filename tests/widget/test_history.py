@@ -102,6 +102,13 @@ async def test_history_is_off_by_default_and_needs_a_session(gw: LiveGateway) ->
     assert (status, body["error"]["code"]) == (403, "session_required")
     status, body = await call(gw, "POST", "/v1/widget/conversations", t.widget_key)
     assert (status, body["error"]["code"]) == (403, "session_required")
+    # a tenant that stores no conversations keeps none for the widget either
+    await gw.admin("PATCH", f"/tenants/{t.id}", {"conversation_store": False})
+    status, _, config = await request(gw, "GET", f"/widget/v1/config?key={t.widget_key}")
+    assert config["history"] is False
+    status, body = await call(gw, "GET", "/v1/widget/conversation", alice)
+    assert (status, body["error"]["code"]) == (403, "history_disabled")
+    assert "stores none" in body["error"]["message"]
     # a server key is no widget visitor either
     status, body = await call(gw, "GET", "/v1/widget/conversation", t.server_key, browser=False)
     assert (status, body["error"]["code"]) == (403, "session_required")
