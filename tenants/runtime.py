@@ -40,6 +40,7 @@ class WidgetPolicy:
     title: str | None = None
     greeting: str | None = None
     accent: str | None = None
+    history: bool = False  # session-token visitors' conversations kept on the server
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,7 @@ def _runtime(tenant: Tenant, prompt: SystemPrompt | None, defaults: Limits) -> T
             title=tenant.widget_title,
             greeting=tenant.widget_greeting,
             accent=tenant.widget_accent,
+            history=tenant.widget_history,
         ),
         visitor_limits=Limits(
             tenant.visitor_rpm, tenant.visitor_tpm, tenant.visitor_max_concurrency

@@ -190,6 +190,10 @@ class WidgetSettingsIn(_In):
         description="the most choices (n) one widget chat request may ask for",
     )
     visitor_limits: VisitorLimitsIn | None = None
+    history: bool = Field(
+        default=False,
+        description="keep each session-token visitor's conversation on the server",
+    )
 
     @field_validator("accent")
     @classmethod
@@ -270,6 +274,7 @@ class WidgetSettingsOut(_Out):
     max_choices: int
     visitor_limits: VisitorLimitsOut
     session_secret_set: bool
+    history: bool
 
 
 class TenantOut(_Out):

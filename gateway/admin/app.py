@@ -30,6 +30,7 @@ from gateway.admin.session import MemorySessionStore, SessionStore
 from gateway.admin.session_views import add_session_routes
 from gateway.admin.throttle import AdminThrottle
 from gateway.admin.tools import add_tool_admin_routes
+from gateway.admin.transcripts import add_transcript_routes
 from gateway.admin.views import add_routes
 from gateway.admin.widget import add_widget_admin_routes
 from gateway.errors import Handler, error_middleware, register_error
@@ -109,4 +110,5 @@ def create_admin_app(
     add_console_routes(app)
     app.on_startup.append(check_declared_on_startup)  # after every module added its routes
     add_tool_admin_routes(app)  # tool secret, MCP servers (gateway/admin/tools.py)
+    add_transcript_routes(app)  # operators' transcripts (gateway/admin/transcripts.py)
     return app

@@ -41,6 +41,7 @@ from gateway.chat.admission import (
 )
 from gateway.chat.cache_scope import request_cache_scope
 from gateway.chat.generation import ChoiceGroup, GenerationStats, Piece
+from gateway.chat.kept_turn import begin_turn, turn_of
 from gateway.chat.ledger import PROMPT_VERSION, record_chat, record_refusal, reserve_budget
 from gateway.chat.logprobs import LogprobFormatter
 from gateway.chat.observe import RequestObserver
@@ -90,6 +91,8 @@ class ChatTurn:
     ) -> ChatRequest:
         self.rid = rid
         self.body = await read_body(request, state, principal)
+        # the widget's history: its conversation checked before anything is admitted
+        await begin_turn(request, principal, self.body.messages)
         return self.body
 
     def prompt_hook(self) -> PromptHook | None:
@@ -309,6 +312,10 @@ async def _complete(
         body_ = choice_body(c.index, done.content, done.finish_reason, logprobs, done.tool_calls)
         choices.append(body_)
     s = gen.stats
+    turn = turn_of(request)
+    if turn is not None:  # kept before the answer leaves: a reload right after sees it
+        turn.add(str(choices[0]["message"]["content"] or ""))
+        await turn.save(body.model, s, rid)
     usage = usage_body(s.prompt_tokens, s.completion_tokens, s.cached_tokens)
     out = completion_body(rid, body.model, choices, usage)
     resp = web.json_response(out, headers=headers)
@@ -335,9 +342,12 @@ async def _stream(
         await send_event(resp, chunk_body(rid, body.model, created, role, index=i))
     fmt = LogprobFormatter(gen.tokenizer) if gen.wants_logprobs else None
     tools = ToolStream(calls, body.num_choices) if calls is not None else None
+    turn = turn_of(request)
     try:
         async with contextlib.aclosing(gen.pieces()) as pieces:
             async for piece in pieces:
+                if turn is not None and piece.index == 0 and piece.text:
+                    turn.add(piece.text)
                 if tools is None:
                     await send_event(resp, _piece_chunk(piece, rid, body.model, created, fmt))
                     continue
@@ -359,6 +369,8 @@ async def _stream(
         await resp.write_eof()
         return resp
     s = gen.stats
+    if turn is not None:  # kept before the stream ends: a reload right after sees it
+        await turn.save(body.model, s, rid)
     if body.include_usage:
         usage = usage_body(s.prompt_tokens, s.completion_tokens, s.cached_tokens)
         await send_event(resp, chunk_body(rid, body.model, created, None, usage=usage))

@@ -49,7 +49,7 @@ async def preflight(request: web.Request) -> web.Response:
         headers={
             "Access-Control-Allow-Origin": origin,
             "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
-            "Access-Control-Allow-Headers": "authorization, content-type",
+            "Access-Control-Allow-Headers": "authorization, content-type, x-kvgate-conversation",
             "Access-Control-Max-Age": "600",
             "Vary": "Origin",
         },
