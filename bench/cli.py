@@ -33,6 +33,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.structured",
         "decode tok/s under a strict JSON schema vs unconstrained; mask and compile times",
     ),
+    "conversations": (
+        "bench.conversations",
+        "ten-turn conversations: previous_response_id vs resending the history; TTFT, prefill",
+    ),
     "vllm": ("bench.vllm_peer", "the seed shapes (reuse batch 1 and 7, burst) vs vLLM's CPU build"),
     "bf16": ("bench.bf16", "the CPU's bf16 path vs float32 and transformers: top-5, greedy, time"),
 }

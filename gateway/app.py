@@ -69,6 +69,8 @@ from gateway.prompts.tokenize_pool import TokenizePool
 from gateway.ratelimit import FailoverLimiter, Limiter, MemoryLimiter, RedisLimiter
 from gateway.ratelimit.redis import make_client
 from gateway.ratelimit.types import LimiterUnavailable
+from gateway.responses.retention import conversation_purge
+from gateway.responses.views import add_routes as add_responses_routes
 from gateway.settings import Settings
 from gateway.telemetry import GatewayMetrics, make_tracer, make_tracer_provider
 from gateway.telemetry.dbgauge import database_gauge
@@ -172,12 +174,14 @@ def create_app(
     app.add_subapp(ADMIN_PREFIX, admin)
     app.cleanup_ctx.append(_lifecycle(store, db, source, opened, model_name))
     app.cleanup_ctx.append(_close_sessions)
+    app.cleanup_ctx.append(conversation_purge)
     app.cleanup_ctx.append(frozen_startup_heap)  # last: after everything start-up keeps
     app.on_shutdown.append(_start_draining)
     app.on_response_prepare.append(cors_headers)
     app.router.add_post("/v1/chat/completions", views.chat_completions)
     app.router.add_get("/v1/models", views.list_models)
     add_preflight(app, "/v1/chat/completions", "/v1/models")
+    add_responses_routes(app)  # their preflights too
     register_widget(app, settings)
     register_home(app, settings)
     app.router.add_get("/healthz", _healthz)

@@ -431,6 +431,19 @@ VARIABLES: tuple[Variable, ...] = (
         "raw usage records kept this many days (PostgreSQL: whole months); unset: kept",
     ),
     Variable(
+        "KVGATE_CONVERSATION_RETENTION_DAYS",
+        _opt_int,
+        "30",
+        "stored responses and conversations kept this many days after their last turn "
+        "(a tenant's conversation_retention_days overrides it)",
+    ),
+    Variable(
+        "KVGATE_CONVERSATION_PURGE_S",
+        _positive_float,
+        "3600",
+        "interval of the retention purge of stored conversations",
+    ),
+    Variable(
         "KVGATE_USAGE_PRICES",
         _opt_str,
         "",
@@ -717,6 +730,21 @@ class ToolSettings:
 
 
 @dataclass(frozen=True)
+class ConversationSettings:
+    """Stored responses and conversations (gateway/responses/, tenants/conversation_store.py)."""
+
+    retention_days: int | None = 30  # None: kept
+    purge_s: float = 3600.0
+
+    @classmethod
+    def from_source(cls, src: Mapping[str, str]) -> ConversationSettings:
+        days = value(src, "KVGATE_CONVERSATION_RETENTION_DAYS")
+        if days is not None and days < 1:
+            raise SettingsError("KVGATE_CONVERSATION_RETENTION_DAYS: must be >= 1")
+        return cls(retention_days=days, purge_s=value(src, "KVGATE_CONVERSATION_PURGE_S"))
+
+
+@dataclass(frozen=True)
 class DatabaseSettings:
     """How the gateway waits on the tenant database (docs/operations.md)."""
 
@@ -810,6 +838,7 @@ class Settings:
     database: DatabaseSettings = DatabaseSettings()
     usage: UsageSettings = field(default_factory=UsageSettings)
     tools: ToolSettings = ToolSettings()
+    conversations: ConversationSettings = ConversationSettings()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -835,6 +864,7 @@ class Settings:
             database=DatabaseSettings.from_source(src),
             usage=_usage_settings(src, server.var_dir, server.port),
             tools=ToolSettings.from_source(src),
+            conversations=ConversationSettings.from_source(src),
         )
 
 

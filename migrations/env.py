@@ -15,7 +15,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 # Explicit model import: the metadata below must know every table.
-from tenants import models, usage_models  # noqa: F401 (usage tables)
+from tenants import conversation_models, models, usage_models  # noqa: F401 (their tables)
 from tenants.db import make_engine
 from tenants.settings import DEFAULT_DATABASE_URL
 

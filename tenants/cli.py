@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from tenants.admin_cli import ADMIN_ACTIONS, add_admin_commands
 from tenants.carry import prepare_version
+from tenants.conversation_admin import ConversationAdmin, end_user_owner, purged_body
 from tenants.errors import ConfigError, TenantStoreError
 from tenants.events import EventBus, RedisEventBridge
 from tenants.schemas import KeyCreate, KeyLimitsIn, LimitsIn, TenantCreate, TenantPatch, parse
@@ -134,6 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace all four limits: an omitted one reverts to the default from settings",
     )
     _add_limits(p)
+    p = _tenant_cmd(sub, "delete-conversation", "delete one stored conversation (audited)")
+    p.add_argument("conversation_id")
+    p = _tenant_cmd(
+        sub,
+        "delete-end-user",
+        "delete everything an end user stored: conversations, responses, items (audited)",
+    )
+    p.add_argument("end_user", help="the end user id (a widget session's end_user_id)")
     p = sub.add_parser("audit", help="show the audit log, newest first")
     p.add_argument("--tenant", help="only this tenant's rows")
     p.add_argument("--limit", type=int, default=50, help="rows to show (1..200, default 50)")
@@ -285,6 +294,19 @@ async def _audit(store: TenantStore, args: argparse.Namespace) -> None:
         )
 
 
+async def _delete_conversation(store: TenantStore, args: argparse.Namespace) -> None:
+    purged = await ConversationAdmin(store).delete_conversation(
+        args.id, args.conversation_id, actor=ACTOR
+    )
+    _print({"deleted": True, **purged_body(purged)})
+
+
+async def _delete_end_user(store: TenantStore, args: argparse.Namespace) -> None:
+    owner = end_user_owner(args.end_user)
+    purged = await ConversationAdmin(store).delete_owner(args.id, owner, actor=ACTOR)
+    _print({"deleted": True, **purged_body(purged)})
+
+
 Action = Callable[[TenantStore, argparse.Namespace], Awaitable[None]]
 ACTIONS: dict[str, Action] = {
     "create": _create,
@@ -302,6 +324,8 @@ ACTIONS: dict[str, Action] = {
     "revoke-key": _revoke_key,
     "set-key-limits": _set_key_limits,
     "set-limits": _set_limits,
+    "delete-conversation": _delete_conversation,
+    "delete-end-user": _delete_end_user,
     "audit": _audit,
     **ADMIN_ACTIONS,
 }

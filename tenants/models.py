@@ -98,6 +98,10 @@ class Tenant(Base):
     widget_allow_client_system: Mapped[bool] = mapped_column(Boolean, default=False)
     # The most choices (n) of one widget chat request (migrations/versions/0003_*).
     widget_max_choices: Mapped[int] = mapped_column(Integer, default=1)
+    # The widget's conversation kept on the server per end user (migrations/versions/0011_*).
+    widget_history: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Operators may list and read the tenant's stored conversations (0011_*).
+    transcripts_enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     # Limits per end user of widget traffic (NULL: the gateway default).
     visitor_rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     visitor_tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
@@ -105,6 +109,10 @@ class Tenant(Base):
     # HMAC-SHA256 key of the tenant's webhook tool calls (migrations/versions/0006_*), sealed
     # under the secrets key (tenants/sealing.py; 0009_*).
     tool_secret: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Stored responses and conversations (migrations/versions/0010_*): False forces ``store``
+    # off for every request; the retention in days (NULL: KVGATE_CONVERSATION_RETENTION_DAYS).
+    conversation_store: Mapped[bool] = mapped_column(Boolean, default=True)
+    conversation_retention_days: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class ApiKey(Base):

@@ -40,6 +40,7 @@ class WidgetPolicy:
     title: str | None = None
     greeting: str | None = None
     accent: str | None = None
+    history: bool = False  # session-token visitors' conversations kept on the server
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,14 @@ class ToolPolicy:
     # The choice of requests that send none (the widget's): a mode or a named function.
     tool_choice: Literal["auto", "required", "none"] | dict[str, Any] = "auto"
     max_rounds: int = DEFAULT_TOOL_ROUNDS  # rounds of gateway-run tools per turn
+
+
+@dataclass(frozen=True)
+class ConversationPolicy:
+    """Stored responses and conversations (tenants.conversation_*)."""
+
+    store: bool = True  # False: every request is served with ``store`` off
+    retention_days: int | None = None  # None: the gateway's KVGATE_CONVERSATION_RETENTION_DAYS
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,7 @@ class TenantRuntime:
     # Per-visitor limits of widget traffic (tenants.visitor_*); None: the gateway's default.
     visitor_limits: Limits = field(default_factory=Limits)
     tool_policy: ToolPolicy = ToolPolicy()
+    conversations: ConversationPolicy = ConversationPolicy()
 
 
 async def authenticate_key(session: AsyncSession, secret: str) -> KeyIdentity | None:
@@ -148,11 +158,15 @@ def _runtime(tenant: Tenant, prompt: SystemPrompt | None, defaults: Limits) -> T
             title=tenant.widget_title,
             greeting=tenant.widget_greeting,
             accent=tenant.widget_accent,
+            history=tenant.widget_history,
         ),
         visitor_limits=Limits(
             tenant.visitor_rpm, tenant.visitor_tpm, tenant.visitor_max_concurrency
         ),
         tool_policy=_tool_policy(prompt),
+        conversations=ConversationPolicy(
+            store=tenant.conversation_store, retention_days=tenant.conversation_retention_days
+        ),
     )
 
 

@@ -103,6 +103,16 @@ class TenantPatch(_In):
     name: str | None = Field(default=None, min_length=1, max_length=200)
     status: Literal["active", "suspended"] | None = None
     allow_client_system: bool | None = None
+    conversation_store: bool | None = Field(
+        default=None, description="false: every response is served with store off"
+    )
+    conversation_retention_days: int | None = Field(
+        default=None,
+        ge=0,
+        le=36500,
+        description="days a stored conversation is kept after its last turn; 0: the gateway's "
+        "KVGATE_CONVERSATION_RETENTION_DAYS",
+    )
 
 
 class PromptSet(_In):
@@ -180,6 +190,10 @@ class WidgetSettingsIn(_In):
         description="the most choices (n) one widget chat request may ask for",
     )
     visitor_limits: VisitorLimitsIn | None = None
+    history: bool = Field(
+        default=False,
+        description="keep each session-token visitor's conversation on the server",
+    )
 
     @field_validator("accent")
     @classmethod
@@ -260,6 +274,7 @@ class WidgetSettingsOut(_Out):
     max_choices: int
     visitor_limits: VisitorLimitsOut
     session_secret_set: bool
+    history: bool
 
 
 class TenantOut(_Out):
@@ -272,6 +287,8 @@ class TenantOut(_Out):
     prompt_version: int | None
     limits: LimitsOut
     keys: list[KeyOut] | None = None
+    conversation_store: bool = True
+    conversation_retention_days: int | None = None
 
 
 class PromptOut(_Out):

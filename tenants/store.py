@@ -55,6 +55,8 @@ _PATCH_GROUPS: dict[str, SettingGroup] = {
     "name": "profile",
     "status": "status",
     "allow_client_system": "policy",
+    "conversation_store": "policy",
+    "conversation_retention_days": "policy",
 }
 
 

@@ -31,6 +31,7 @@ SETTING_COLUMNS = {
     "require_session": "widget_require_session",
     "allow_client_system": "widget_allow_client_system",
     "max_choices": "widget_max_choices",
+    "history": "widget_history",
 }
 VISITOR_COLUMNS = {
     "rpm": "visitor_rpm",
@@ -62,6 +63,7 @@ def widget_out(tenant: Tenant) -> WidgetSettingsOut:
             max_concurrency=tenant.visitor_max_concurrency,
         ),
         session_secret_set=tenant.widget_session_secret is not None,
+        history=tenant.widget_history,
     )
 
 

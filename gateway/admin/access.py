@@ -84,10 +84,20 @@ ACCESS: Mapping[tuple[str, str], Need] = {
     ("GET", f"{T}/widget"): _read("tenant"),
     ("PUT", f"{T}/widget"): _write("tenant"),
     ("POST", f"{T}/widget/rotate-secret"): _write("tenant"),
+    # operators' transcripts (gateway/admin/transcripts.py): every read audited
+    ("GET", f"{T}/transcripts"): _read("tenant"),
+    ("GET", f"{T}/transcripts/{{conversation_id}}"): _read("tenant"),
+    ("DELETE", f"{T}/transcripts/{{conversation_id}}"): _write("tenant"),
+    ("GET", f"{T}/transcript-access"): _read("tenant"),
+    ("PUT", f"{T}/transcript-access"): _write("tenant"),
     # tenant tools: webhook signing secret, MCP servers (gateway/admin/tools.py)
     ("POST", f"{T}/tool-secret/rotate"): _write("tenant"),
     ("POST", f"{T}/mcp-servers"): _write("tenant"),
     ("GET", f"{T}/mcp-servers"): _read("tenant"),
+    # stored conversations (gateway/admin/conversations.py)
+    ("DELETE", f"{T}/conversations/{{conversation_id}}"): _write("tenant"),
+    ("DELETE", f"{T}/end-users/{{end_user}}/conversations"): _write("tenant"),
+    ("DELETE", f"{K}/conversations"): _write("tenant"),
     # cluster (gateway/cluster/admin.py)
     ("GET", "/v1/cluster"): _read("platform"),
     # usage ledger and prices (gateway/usage/admin.py)

@@ -24,11 +24,13 @@ from gateway.admin.admins import add_admin_routes
 from gateway.admin.auth import admin_auth_middleware
 from gateway.admin.console import add_console_routes
 from gateway.admin.context import ADMIN_CONTEXT, AdminContext, CacheProvider, PromptLimit
+from gateway.admin.conversations import add_conversation_admin_routes
 from gateway.admin.principal import PrincipalCache
 from gateway.admin.session import MemorySessionStore, SessionStore
 from gateway.admin.session_views import add_session_routes
 from gateway.admin.throttle import AdminThrottle
 from gateway.admin.tools import add_tool_admin_routes
+from gateway.admin.transcripts import add_transcript_routes
 from gateway.admin.views import add_routes
 from gateway.admin.widget import add_widget_admin_routes
 from gateway.errors import Handler, error_middleware, register_error
@@ -102,9 +104,11 @@ def create_admin_app(
     )
     add_routes(app)
     add_widget_admin_routes(app)  # PUT/GET /v1/tenants/{id}/widget, POST .../rotate-secret
+    add_conversation_admin_routes(app)  # DELETE stored conversations, an end user's data
     add_admin_routes(app)
     add_session_routes(app)
     add_console_routes(app)
     app.on_startup.append(check_declared_on_startup)  # after every module added its routes
     add_tool_admin_routes(app)  # tool secret, MCP servers (gateway/admin/tools.py)
+    add_transcript_routes(app)  # operators' transcripts (gateway/admin/transcripts.py)
     return app

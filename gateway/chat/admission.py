@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from aiohttp import web
 
 from engine.params import SamplingParams
+from engine.text.tokenizer import Tokenizer
 from gateway.access.auth import Principal
 from gateway.access.visitor import request_visitor
 from gateway.chat.bounds import (
@@ -34,6 +35,7 @@ from gateway.chat.prompt import (
     shared_prefix,
 )
 from gateway.chat.schemas import ChatRequest, parse_chat_request
+from gateway.chat.tools.models import ToolDef
 from gateway.chat.tools.plan import OutputPlan, for_engine, plan_output
 from gateway.chat.tools.render import tool_texts
 from gateway.chat.tools.tenant import request_choice, tenant_tool_defs
@@ -41,6 +43,7 @@ from gateway.chat.tools.validate import check_plan, needs_compile
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState
 from gateway.errors import ApiError
 from gateway.prompts.pins import PromptEntry
+from gateway.prompts.tenant_prefix import TenantPrefix
 from gateway.prompts.tokenize_pool import COMPILE_WORK, prompt_work
 from gateway.ratelimit import Decision, Lease, LimiterUnavailable, Scope
 from gateway.ratelimit.scopes import VisitorDefaults, admission_scopes
@@ -54,7 +57,14 @@ T = TypeVar("T")
 async def read_body(request: web.Request, state: GatewayState, principal: Principal) -> ChatRequest:
     cap = message_cap(state.engine.info.max_model_len)
     declared = [t.name for t in principal.runtime.tool_policy.tools]
-    body = parse_chat_request(await _body_bytes(request, principal), cap, declared)
+    body = parse_chat_request(await body_bytes(request, principal), cap, declared)
+    check_body(state, principal, body)
+    return body
+
+
+def check_body(state: GatewayState, principal: Principal, body: ChatRequest) -> None:
+    """What a parsed request must satisfy for this key: the model, the tenant's client-system
+    policy, the widget's rules (also for a Responses request, once it is a chat request)."""
     if body.model != state.model_name:
         raise ApiError(
             404,
@@ -70,10 +80,9 @@ async def read_body(request: web.Request, state: GatewayState, principal: Princi
         widget=principal.is_widget,
         max_choices=principal.runtime.widget.max_choices,
     )
-    return body
 
 
-async def _body_bytes(request: web.Request, principal: Principal) -> bytes:
+async def body_bytes(request: web.Request, principal: Principal) -> bytes:
     """The decoded body; widget traffic's is bounded by ``KVGATE_WIDGET_MAX_BODY_BYTES`` (the
     app's ``client_max_size`` bounds every other). Parsing JSON holds the event loop for about
     as long as the body has values (1 MiB of tiny values: tens of ms), so public keys, which
@@ -148,6 +157,11 @@ async def _charge_refusal(request: web.Request, principal: Principal, refusal: E
         raise rate_limit_error(decision) from refusal
 
 
+# A request's own prompt ids (a stored conversation's warm tail: gateway/responses/tail.py),
+# or None for the ordinary assembly; called where the prompt is built (the tokenize threads).
+PromptHook = Callable[[Tokenizer, TenantPrefix, OutputPlan, Sequence[ToolDef]], list[int] | None]
+
+
 @dataclass(frozen=True)
 class Prepared:
     """A request ready for the limiter: its prompt, its parameters (a grammar among them), how
@@ -167,6 +181,7 @@ async def prepare(
     body: ChatRequest,
     rt: TenantRuntime,
     obs: RequestObserver,
+    hook: PromptHook | None = None,
 ) -> Prepared:
     """Prompt ids and sampling parameters, or the refusal: cheap bounds first, then the prompt
     and the grammar check (on the loop or the tokenize threads), then the limits that need its
@@ -192,8 +207,12 @@ async def prepare(
         await state.prompts.run(rt.tenant_id, COMPILE_WORK, compile_plan, key=key, limit=limit)
 
     def build() -> list[int]:
-        rendering = plan.rendering(body.messages, rendered)
-        ids = assemble(tok, entry.prefix, body.messages, max_len, rendering=rendering)
+        ids = hook(tok, entry.prefix, plan, rendered) if hook is not None else None
+        if ids is None:
+            rendering = plan.rendering(body.messages, rendered)
+            ids = assemble(tok, entry.prefix, body.messages, max_len, rendering=rendering)
+        elif len(ids) >= max_len:
+            raise context_length_error(max_len, len(ids))
         check_plan(plan, tok)  # compiled above (or before): a lookup in the compile cache
         return ids
 

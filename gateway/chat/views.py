@@ -31,6 +31,8 @@ from engine.api import GenerateOptions
 from gateway.access.auth import Principal
 from gateway.chat.admission import (
     HeldLimits,
+    Prepared,
+    PromptHook,
     admit,
     charged,
     prepare,
@@ -39,6 +41,7 @@ from gateway.chat.admission import (
 )
 from gateway.chat.cache_scope import request_cache_scope
 from gateway.chat.generation import ChoiceGroup, GenerationStats, Piece
+from gateway.chat.kept_turn import begin_turn, turn_of
 from gateway.chat.ledger import PROMPT_VERSION, record_chat, record_refusal, reserve_budget
 from gateway.chat.logprobs import LogprobFormatter
 from gateway.chat.observe import RequestObserver
@@ -52,9 +55,10 @@ from gateway.chat.schemas import (
 from gateway.chat.sse import open_stream, send_done, send_event
 from gateway.chat.tools.answer import ToolStream, complete
 from gateway.chat.tools.formats import ToolFormat
-from gateway.chat.tools.loop import respond, tool_loop
+from gateway.chat.tools.loop import ToolLoop, respond, tool_loop
 from gateway.chat.tools.run.runner import TOOL_RUNNER
 from gateway.chat.tools.stream import stream as stream_tools
+from gateway.chat.turn import Turn
 from gateway.context import SETTINGS, STATE, TELEMETRY, GatewayState
 from gateway.errors import REQUEST_ID, TENANT, ApiError, new_request_id, to_api_error
 from gateway.lifecycle.drain import SHUTDOWN_CODE, shutdown_error
@@ -73,11 +77,70 @@ async def list_models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [model]}, headers={"x-request-id": rid})
 
 
+class ChatTurn:
+    """``POST /v1/chat/completions``: the body as sent, the answer in chat's shapes."""
+
+    rid_prefix = "chatcmpl-"
+
+    def __init__(self) -> None:
+        self.body: ChatRequest | None = None
+        self.rid = ""
+
+    async def read(
+        self, request: web.Request, state: GatewayState, principal: Principal, rid: str
+    ) -> ChatRequest:
+        self.rid = rid
+        self.body = await read_body(request, state, principal)
+        # the widget's history: its conversation checked before anything is admitted
+        await begin_turn(request, principal, self.body.messages)
+        return self.body
+
+    def prompt_hook(self) -> PromptHook | None:
+        return None
+
+    def engine_options(
+        self, request: web.Request, principal: Principal, options: GenerateOptions, shared: int
+    ) -> GenerateOptions:
+        return options
+
+    async def answer(
+        self,
+        request: web.Request,
+        gen: ChoiceGroup,
+        ready: Prepared,
+        headers: dict[str, str],
+        obs: RequestObserver,
+    ) -> web.StreamResponse:
+        assert self.body is not None
+        calls = ready.plan.calls
+        if self.body.stream:
+            return await _stream(request, gen, self.body, self.rid, headers, obs, calls)
+        return await _complete(request, gen, self.body, self.rid, headers, obs, calls)
+
+    async def answer_loop(
+        self,
+        request: web.Request,
+        loop: ToolLoop,
+        gen: ChoiceGroup,
+        headers: dict[str, str],
+        obs: RequestObserver,
+    ) -> web.StreamResponse:
+        assert self.body is not None
+        answer = stream_tools if self.body.stream else respond
+        return await answer(request, loop, gen, self.rid, headers, obs)
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await serve_turn(request, ChatTurn())
+
+
+async def serve_turn(request: web.Request, turn: Turn) -> web.StreamResponse:
+    """One request through the chat path (the order of checks above); ``turn`` reads its body
+    and writes its answer."""
     started = time.monotonic()
     state = request.app[STATE]
     tenant_id = UNKNOWN_TENANT
-    rid = new_request_id("chatcmpl-")
+    rid = new_request_id(turn.rid_prefix)
     request[REQUEST_ID] = rid  # x-request-id and the refusal log line of an early error
     principal: Principal | None = None
     try:
@@ -85,7 +148,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             raise shutdown_error()
         principal = await state.keys.authenticate(request)
         tenant_id = request[TENANT] = principal.runtime.tenant_id
-        body = await charged(request, principal, read_body(request, state, principal))
+        body = await charged(request, principal, turn.read(request, state, principal, rid))
     except Exception as exc:
         # Refused before a request span exists (bad key or body, body too large, database
         # down): counted here, logged by the error middleware (one request_refused line).
@@ -105,7 +168,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     with obs.request_span(body, request.headers), state.drain.track():
         status, stats, error = CLIENT_CLOSED, None, None
         try:
-            resp, stats = await _serve(request, state, principal, body, rid, obs)
+            resp, stats = await _serve(request, state, principal, body, rid, obs, turn)
             status = resp.status
             error = obs.stream_error
             return resp
@@ -152,6 +215,7 @@ async def _serve(
     body: ChatRequest,
     rid: str,
     obs: RequestObserver,
+    turn: Turn,
 ) -> tuple[web.StreamResponse, GenerationStats]:
     rt = principal.runtime
     entry = state.pins.begin(rt)
@@ -161,7 +225,9 @@ async def _serve(
     lease: Lease | None = None
     held: HeldLimits | None = None
     try:
-        ready = await charged(request, principal, prepare(request, state, entry, body, rt, obs))
+        hook = turn.prompt_hook()
+        preparing = prepare(request, state, entry, body, rt, obs, hook)
+        ready = await charged(request, principal, preparing)
         prompt_ids, params = ready.prompt_ids, ready.params
         n_prompt, max_tokens = len(prompt_ids), params.max_tokens
         # n choices: the prompt once (the engine prefills it once, the choices share its KV
@@ -179,6 +245,7 @@ async def _serve(
         # blocks past the tenant prefix are the end user's own (gateway/chat/cache_scope.py)
         scope = request_cache_scope(request, principal, body.user, ready.shared_tokens)
         options = GenerateOptions(entry.namespace, rid, cache_scope=scope, **principal.fair_share())
+        options = turn.engine_options(request, principal, options, ready.shared_tokens)
         gen = ChoiceGroup(
             state.engine,
             state.tokenizer,
@@ -195,12 +262,8 @@ async def _serve(
         runner = request.app.get(TOOL_RUNNER)
         loop = tool_loop(state, runner, rt, entry, body, ready, options, tools, held.admit_step)
         if loop is not None:  # the gateway runs the tenant's tools
-            answer = stream_tools if body.stream else respond
-            return await answer(request, loop, gen, rid, headers, obs), gen.stats
-        calls = ready.plan.calls
-        if body.stream:
-            return await _stream(request, gen, body, rid, headers, obs, calls), gen.stats
-        return await _complete(request, gen, body, rid, headers, obs, calls), gen.stats
+            return await turn.answer_loop(request, loop, gen, headers, obs), gen.stats
+        return await turn.answer(request, gen, ready, headers, obs), gen.stats
     finally:
         # Shielded: a client disconnect cancels this handler, but the engine request, the lease
         # and the pin reference must still be given back.
@@ -249,6 +312,10 @@ async def _complete(
         body_ = choice_body(c.index, done.content, done.finish_reason, logprobs, done.tool_calls)
         choices.append(body_)
     s = gen.stats
+    turn = turn_of(request)
+    if turn is not None:  # kept before the answer leaves: a reload right after sees it
+        turn.add(str(choices[0]["message"]["content"] or ""))
+        await turn.save(body.model, s, rid)
     usage = usage_body(s.prompt_tokens, s.completion_tokens, s.cached_tokens)
     out = completion_body(rid, body.model, choices, usage)
     resp = web.json_response(out, headers=headers)
@@ -275,9 +342,12 @@ async def _stream(
         await send_event(resp, chunk_body(rid, body.model, created, role, index=i))
     fmt = LogprobFormatter(gen.tokenizer) if gen.wants_logprobs else None
     tools = ToolStream(calls, body.num_choices) if calls is not None else None
+    turn = turn_of(request)
     try:
         async with contextlib.aclosing(gen.pieces()) as pieces:
             async for piece in pieces:
+                if turn is not None and piece.index == 0 and piece.text:
+                    turn.add(piece.text)
                 if tools is None:
                     await send_event(resp, _piece_chunk(piece, rid, body.model, created, fmt))
                     continue
@@ -299,6 +369,8 @@ async def _stream(
         await resp.write_eof()
         return resp
     s = gen.stats
+    if turn is not None:  # kept before the stream ends: a reload right after sees it
+        await turn.save(body.model, s, rid)
     if body.include_usage:
         usage = usage_body(s.prompt_tokens, s.completion_tokens, s.cached_tokens)
         await send_event(resp, chunk_body(rid, body.model, created, None, usage=usage))

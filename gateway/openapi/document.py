@@ -33,6 +33,7 @@ from gateway.openapi.operations import (
     WIDGET_DEMO,
     Operation,
 )
+from gateway.openapi.responses_ops import responses_operations
 from tenants import schemas as ts
 
 # Every error answer names the request (quote it in a support ticket); a 429 says when to retry.
@@ -67,7 +68,14 @@ _RATE_HEADERS = {
 }
 
 _PATH_PARAMS: dict[str, dict[str, Any]] = {
-    "id": {"type": "string", "description": "tenant id"},
+    "id": {
+        "type": "string",
+        "description": "tenant id (admin routes); response or conversation id (/v1/responses, "
+        "/v1/conversations)",
+    },
+    "item_id": {"type": "string", "description": "an item id of the conversation"},
+    "conversation_id": {"type": "string", "description": "a conversation id"},
+    "end_user": {"type": "string", "description": "an end user id (widget sessions)"},
     "version": {"type": "integer", "minimum": 1, "maximum": ts.MAX_LIMIT},
     "key_id": {"type": "string", "description": "key id (from createKey or listKeys)"},
     "model": {"type": "string", "minLength": 1, "maxLength": 200, "description": "model id"},
@@ -168,7 +176,9 @@ def build_document(
     """The document; ``model_name`` (the served model id) is given as the example ``model``;
     ``widget_demo``: the app serves the widget demo page."""
     assert issubclass(ChatRequest, BaseModel), "the chat request schema must be pydantic"
-    operations = (*OPERATIONS, WIDGET_DEMO) if widget_demo else OPERATIONS
+    operations = (*OPERATIONS, *responses_operations())
+    if widget_demo:
+        operations = (*operations, WIDGET_DEMO)
     inputs, outputs = _models(operations)
     keyed = [(m, "validation") for m in inputs] + [(m, "serialization") for m in outputs]
     key_map, defs = models_json_schema(keyed, ref_template=REF)
@@ -208,6 +218,10 @@ def build_document(
         },
         "tags": [
             {"name": "chat", "description": "OpenAI-compatible API (tenant keys)"},
+            {
+                "name": "responses",
+                "description": "OpenAI's Responses and Conversations APIs, stored (tenant keys)",
+            },
             {"name": "admin", "description": "tenants, prompts, keys, limits (admin token)"},
             {"name": "ops", "description": "health, readiness, this document"},
             {"name": "widget", "description": "the embeddable chat widget"},

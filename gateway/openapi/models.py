@@ -89,7 +89,26 @@ class WidgetConfig(_Out):
     greeting: str | None
     accent: str | None
     require_session: bool
+    history: bool = Field(description="the conversation is kept on the server (session tokens)")
     model: str
+
+
+class WidgetMessage(_Out):
+    role: Literal["user", "assistant"]
+    content: str
+
+
+class WidgetConversation(_Out):
+    """A visitor's conversation kept on the server (``id`` null: none yet)."""
+
+    id: str | None
+    messages: list[WidgetMessage]
+
+
+class ConversationDeleted(_Out):
+    id: str
+    object: Literal["conversation.deleted"]
+    deleted: bool
 
 
 class WidgetSession(_Out):

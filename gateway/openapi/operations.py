@@ -21,6 +21,7 @@ from gateway.widget.views import SessionIn
 from tenants import admin_schemas as tas
 from tenants import mcp_store as ms
 from tenants import schemas as ts
+from tenants import transcript_schemas as tr
 
 REF = "#/components/schemas/{model}"
 TENANT_KEY = "tenantKey"
@@ -123,6 +124,42 @@ def _principal_operations() -> tuple[Operation, ...]:
                   {200: None}, media=html),
         Operation("get", "/admin/ui/{path}", "consoleFile", "a file of the admin console",
                   "admin", None, {200: None}, (404, 422), media="text/javascript"),
+    )  # fmt: skip
+
+
+def _widget_history_operations() -> tuple[Operation, ...]:
+    """The widget's conversation on the server (session tokens; docs/widget.md)."""
+    conv = "/v1/widget/conversations"
+    return (
+        Operation("get", "/v1/widget/conversation", "getWidgetConversation",
+                  "the session visitor's current conversation (history on)", "widget",
+                  TENANT_KEY, {200: am.WidgetConversation}, (401, 403, 503)),
+        Operation("post", conv, "newWidgetConversation",
+                  "New conversation: the current one ends, an empty one starts", "widget",
+                  TENANT_KEY, {201: am.WidgetConversation}, (401, 403, 503)),
+        Operation("delete", f"{conv}/{{conversation_id}}", "deleteWidgetConversation",
+                  "delete one of the session visitor's conversations", "widget", TENANT_KEY,
+                  {200: am.ConversationDeleted}, (401, 403, 404, 503)),
+    )  # fmt: skip
+
+
+def _transcript_operations() -> tuple[Operation, ...]:
+    """Operators' transcripts (every list and read audited)."""
+    one = f"{_T}/transcripts/{{conversation_id}}"
+    access = f"{_T}/transcript-access"
+    return (
+        _admin("get", f"{_T}/transcripts", "listTranscripts",
+               "the tenant's stored conversations, newest first (audited; 403 when the "
+               "tenant turned transcript access off)", {200: tr.TranscriptPageOut}, 403, 404,
+               422, query=(*_PAGE, Query("end_user", {"type": "string"}, "one owner only"))),
+        _admin("get", one, "readTranscript", "one conversation as a transcript (audited)",
+               {200: tr.TranscriptOut}, 403, 404, 422),
+        _admin("delete", one, "deleteTranscript", "delete a stored conversation",
+               {200: am.ConversationDeleted}, 403, 404, 422),
+        _admin("get", access, "getTranscriptAccess", "whether operators may read transcripts",
+               {200: tr.TranscriptAccessOut}, 403, 404, 422),
+        _admin("put", access, "setTranscriptAccess", "turn transcript access on or off",
+               {200: tr.TranscriptAccessOut}, 403, 404, 409, body=tr.TranscriptAccessIn),
     )  # fmt: skip
 
 
@@ -239,6 +276,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "a signed session token for one end user on one origin (server keys only)", "widget",
         TENANT_KEY, {201: am.WidgetSession}, (400, 401, 403, 413, 422, 503), body=SessionIn,
     ),
+    *_widget_history_operations(),
     _admin(
         "post", f"{ADMIN}/tenants", "createTenant", "create a tenant", {201: ts.TenantOut}, 409,
         body=ts.TenantCreate,
@@ -356,6 +394,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     *_usage_operations(),
     *_principal_operations(),
+    *_transcript_operations(),
     _admin(
         "get", f"{ADMIN}/audit", "listAudit", "audit log, newest first (never secrets)",
         {200: ts.AuditPage}, 422,

@@ -48,8 +48,8 @@ async def preflight(request: web.Request) -> web.Response:
         status=204,
         headers={
             "Access-Control-Allow-Origin": origin,
-            "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
-            "Access-Control-Allow-Headers": "authorization, content-type",
+            "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
+            "Access-Control-Allow-Headers": "authorization, content-type, x-kvgate-conversation",
             "Access-Control-Max-Age": "600",
             "Vary": "Origin",
         },

@@ -1,7 +1,8 @@
 """Public widget routes: the script, the config a widget key reads, end-user sessions.
 
 GET  /widget/v1/kvgate-chat.js     the widget (ETag, 304, long cache, CORS *)
-GET  /widget/v1/config?key=K       title, greeting, accent, require_session (never secrets)
+GET  /widget/v1/config?key=K       title, greeting, accent, require_session, history (never
+                                   secrets)
 POST /v1/widget/sessions           server key; {end_user_id, origin, ttl_s} -> session token
 """
 
@@ -72,6 +73,7 @@ async def widget_config(request: web.Request) -> web.Response:
         "greeting": widget.greeting,
         "accent": widget.accent,
         "require_session": widget.require_session,
+        "history": widget.history and rt.conversations.store,
         "model": state.model_name,
     }
     return web.json_response(body, headers={"Cache-Control": "no-cache"})

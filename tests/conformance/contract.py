@@ -15,6 +15,22 @@ public API) and validates, by route:
     GET /v1/models              ListModelsResponse
     any error answer            ErrorResponse
 
+and, from ``responses-schemas.json`` (vendored the same way from
+/work/shared/openai/responses-schemas.json: the Responses and Conversations schemas):
+
+    POST /v1/responses, GET /v1/responses/{id}            Response; each stream event:
+                                                          ResponseStreamEvent
+    GET /v1/responses/{id}/input_items                    ResponseItemList
+    POST /v1/conversations, GET/POST /v1/conversations/{id}, DELETE .../items/{item}
+                                                          ConversationResource
+    DELETE /v1/conversations/{id}                         DeletedConversationResource
+    GET/POST /v1/conversations/{id}/items                 ConversationItemList
+    GET /v1/conversations/{id}/items/{item}               ConversationItem
+
+and the bodies of accepted requests: POST /v1/responses (CreateResponse), POST
+/v1/conversations (CreateConversationBody), POST /v1/conversations/{id}
+(UpdateConversationBody).
+
 Violations are collected in ``failures`` (the client itself is not disturbed), and the fixture
 that made the client fails the test when there are any.
 """
@@ -32,10 +48,12 @@ import openai
 from jsonschema import Draft202012Validator
 
 SCHEMAS = Path(__file__).with_name("chat-schemas.json")
+RESPONSES_SCHEMAS = Path(__file__).with_name("responses-schemas.json")
 CHAT = "CreateChatCompletionResponse"
 CHUNK = "CreateChatCompletionStreamResponse"
 MODELS = "ListModelsResponse"
 ERROR = "ErrorResponse"
+STREAM_EVENT = "ResponseStreamEvent"
 
 
 def _nullable(node: Any) -> Any:
@@ -55,8 +73,16 @@ def document() -> dict[str, Any]:
 
 
 @cache
+def responses_document() -> dict[str, Any]:
+    return json.loads(RESPONSES_SCHEMAS.read_text())
+
+
+@cache
 def validator(name: str) -> Draft202012Validator:
-    components = _nullable(document()["components"])
+    doc = document()
+    if name not in doc["components"]["schemas"]:
+        doc = responses_document()
+    components = _nullable(doc["components"])
     return Draft202012Validator({"$ref": f"#/components/schemas/{name}", "components": components})
 
 
@@ -81,7 +107,36 @@ def _schema_for(request: httpx.Request, status: int) -> str | None:
         return CHAT
     if request.method == "GET" and path.endswith("/models"):
         return MODELS
+    return _responses_schema(request.method, path.removeprefix("/v1/").split("/"))
+
+
+def _request_schema(request: httpx.Request) -> str | None:
+    """The schema of an accepted request body (Responses and Conversations creations)."""
+    parts = request.url.path.removeprefix("/v1/").split("/")
+    if request.method != "POST":
+        return None
+    if parts == ["responses"]:
+        return "CreateResponse"
+    if parts == ["conversations"]:
+        return "CreateConversationBody"
+    if parts[0] == "conversations" and len(parts) == 2:
+        return "UpdateConversationBody"
     return None
+
+
+def _responses_schema(method: str, parts: list[str]) -> str | None:
+    """The schema of a Responses / Conversations answer (``parts``: the path after /v1/)."""
+    if parts[0] == "responses":
+        if len(parts) <= 2 and method in ("POST", "GET"):
+            return "Response"
+        return "ResponseItemList" if parts[-1] == "input_items" else None
+    if parts[0] != "conversations":
+        return None
+    if len(parts) <= 2:
+        return "DeletedConversationResource" if method == "DELETE" else "ConversationResource"
+    if len(parts) == 3:
+        return "ConversationItemList"
+    return "ConversationResource" if method == "DELETE" else "ConversationItem"
 
 
 class ContractTransport(httpx.AsyncBaseTransport):
@@ -92,11 +147,16 @@ class ContractTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         resp = await self._inner.handle_async_request(request)
+        body_schema = _request_schema(request)
+        if body_schema is not None and resp.status_code < 400:
+            where = f"request {request.method} {request.url.path}"
+            self.check(body_schema, request.content, where)  # what was accepted is OpenAI's
         name = _schema_for(request, resp.status_code)
         if name is None:
             return resp
         if resp.headers.get("content-type", "").startswith("text/event-stream"):
-            stream = _EventCheck(resp.stream, self)  # type: ignore[arg-type]
+            event = STREAM_EVENT if name == "Response" else CHUNK
+            stream = _EventCheck(resp.stream, self, event)  # type: ignore[arg-type]
             return httpx.Response(resp.status_code, headers=resp.headers, stream=stream)
         parts = [chunk async for chunk in resp.stream]  # type: ignore[union-attr]
         await resp.aclose()
@@ -111,7 +171,7 @@ class ContractTransport(httpx.AsyncBaseTransport):
         except ValueError:
             self.failures.append(f"{where}: not JSON: {raw[:200]!r}")
             return
-        if name == CHUNK and isinstance(body, dict) and "error" in body:
+        if name in (CHUNK, STREAM_EVENT) and isinstance(body, dict) and "error" in body:
             name = ERROR  # an error event in a stream
         self.failures.extend(f"{where}: {v}" for v in violations(name, body))
 
@@ -122,7 +182,10 @@ class ContractTransport(httpx.AsyncBaseTransport):
 class _EventCheck(httpx.AsyncByteStream):
     """Passes an SSE stream through unchanged, validating each ``data:`` event on the way."""
 
-    def __init__(self, inner: httpx.AsyncByteStream, contract: ContractTransport) -> None:
+    def __init__(
+        self, inner: httpx.AsyncByteStream, contract: ContractTransport, name: str
+    ) -> None:
+        self._name = name
         self._inner = inner
         self._contract = contract
         self._buf = b""
@@ -138,7 +201,7 @@ class _EventCheck(httpx.AsyncByteStream):
     def _event(self, event: bytes) -> None:
         for line in event.split(b"\n"):
             if line.startswith(b"data: ") and line != b"data: [DONE]":
-                self._contract.check(CHUNK, line[6:], "stream event")
+                self._contract.check(self._name, line[6:], "stream event")
 
     async def aclose(self) -> None:
         await self._inner.aclose()

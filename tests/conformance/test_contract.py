@@ -17,6 +17,7 @@ from tests.conformance.contract import (
     ContractTransport,
     contract_client,
     document,
+    responses_document,
     violations,
 )
 from tests.gateway.harness import gateway_on_fresh_database
@@ -105,3 +106,30 @@ async def test_every_kind_of_answer_is_checked(
         await client.close()
         assert failures == []
         assert transport.checked == 1 + len(events) + 1 + 1
+
+
+def test_responses_schemas_are_kept_and_enforced() -> None:
+    """The vendored Responses schemas name their source, and a Response missing a required
+    field or carrying a wrong status is caught (the live checks rely on it)."""
+    assert "commit" in responses_document()["$comment"]
+    body = {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "status": "completed",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "model": "demo",
+        "tools": [],
+        "output": [],
+        "parallel_tool_calls": True,
+        "metadata": {},
+        "tool_choice": "auto",
+        "temperature": 1.0,
+        "top_p": 1.0,
+    }
+    assert violations("Response", body) == []
+    assert any("status" in v for v in violations("Response", {**body, "status": "done"}))
+    del body["output"]
+    assert any("output" in v for v in violations("Response", body))

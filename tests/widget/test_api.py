@@ -124,6 +124,7 @@ async def test_config_route_public_fields_and_refusals(gw: LiveGateway) -> None:
         "greeting": "Hi there",
         "accent": "#0b5fff",
         "require_session": False,
+        "history": False,
         "model": gw.state.model_name,
     }
     lookups = gw.state.keys.lookups

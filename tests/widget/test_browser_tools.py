@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -32,7 +33,7 @@ from tests.widget.browser import (
     shadow,
     wait_state,
 )
-from tests.widget.helpers import widget_tenant
+from tests.widget.helpers import WidgetTenant, widget_tenant
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -72,9 +73,8 @@ async def env(
         await drop_database(name)
 
 
-async def test_a_running_tool_shows_its_status_line(env: Env) -> None:
-    t = await widget_tenant(env.gw, "wtool", [env.site.origin])
-    tool = {
+def order_tool(env: Env) -> dict[str, Any]:
+    return {
         "type": "function",
         "function": {
             "name": "lookup_order",
@@ -88,15 +88,24 @@ async def test_a_running_tool_shows_its_status_line(env: Env) -> None:
         "source": {"webhook": f"{env.receiver.url}/pause"},
         "status_text": STATUS,
     }
+
+
+async def with_tool(env: Env, t: WidgetTenant) -> None:
+    """The tenant's prompt version with one webhook tool the model must call once."""
     version = {
         "text": "You are a shop assistant.",
-        "tools": [tool],
+        "tools": [order_tool(env)],
         "tool_choice": {"type": "function", "function": {"name": "lookup_order"}},
         "max_tool_rounds": 1,
     }
     out = await env.gw.admin("PUT", f"/tenants/{t.id}/system-prompt", version)
     env.receiver.secret = out["webhook_secret"]
     await env.gw.wait_pinned(t.id)
+
+
+async def test_a_running_tool_shows_its_status_line(env: Env) -> None:
+    t = await widget_tenant(env.gw, "wtool", [env.site.origin])
+    await with_tool(env, t)
     context = await env.browser.new_context(viewport={"width": 1000, "height": 800})
     page = await context.new_page()
     try:
@@ -118,5 +127,37 @@ async def test_a_running_tool_shows_its_status_line(env: Env) -> None:
         roles = [role for role, _ in await messages(page)]
         assert roles == ["user", "assistant"]
         assert env.receiver.calls and env.receiver.calls[-1].verified
+    finally:
+        await context.close()
+
+
+async def test_a_turn_with_a_tool_is_kept_on_the_server(env: Env) -> None:
+    """The widget's history (docs/widget.md): a turn whose tool the gateway ran is kept like
+    any other, the answer as the visitor saw it."""
+    t = await widget_tenant(env.gw, "wtool-hist", [env.site.origin])
+    await env.gw.admin("PUT", f"/tenants/{t.id}/widget", {"history": True})
+    await with_tool(env, t)
+    env.site.sessions["tools"] = (t.server_key, 600)
+    session = f"{env.site.origin}/session/tools"
+    url = env.site.url(t.widget_key, open="true", **{"max-tokens": "60", "session-url": session})
+    context = await env.browser.new_context(viewport={"width": 1000, "height": 800})
+    page = await context.new_page()
+    try:
+        await page.goto(url)
+        await wait_state(page, "ready")
+        box = page.get_by_role("textbox", name="Message")
+        await box.fill("Where is order 12?")
+        await box.press("Enter")
+        await page.wait_for_function(
+            f"() => {HOST}.shadowRoot.querySelector('.msg.assistant:not([aria-busy])') "
+            f"&& {HOST}.dataset.state === 'ready'",
+            timeout=30_000,
+        )
+        shown = await messages(page)
+        await page.reload()
+        await wait_state(page, "ready")
+        assert await messages(page) == shown
+        assert [role for role, _ in shown] == ["user", "assistant"]
+        assert shown[0][1] == "Where is order 12?"
     finally:
         await context.close()

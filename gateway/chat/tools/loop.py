@@ -50,6 +50,7 @@ from aiohttp import web
 from engine.api import GenerateOptions
 from gateway.chat.admission import Prepared
 from gateway.chat.generation import ChoiceGroup, GenerationStats
+from gateway.chat.kept_turn import turn_of
 from gateway.chat.ledger import TOOL_CALLS
 from gateway.chat.observe import RequestObserver
 from gateway.chat.schemas import ChatRequest, choice_body, completion_body, usage_body
@@ -383,6 +384,10 @@ async def respond(
     if out.error is not None:
         doc[ERROR_FIELD] = out.error.body()["error"]
         obs.stream_error = out.error.code or out.error.type
+    turn = turn_of(request)
+    if turn is not None and out.error is None:  # the widget's history: kept before the answer
+        turn.add(out.content or "")
+        await turn.save(loop.body.model, stats, rid)
     resp = web.json_response(doc, headers=headers)
     await resp.prepare(request)
     await resp.write_eof()

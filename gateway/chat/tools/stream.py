@@ -25,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.chat.generation import ChoiceGroup
+from gateway.chat.kept_turn import KeptTurn, turn_of
 from gateway.chat.ledger import TOOL_CALLS
 from gateway.chat.observe import RequestObserver
 from gateway.chat.schemas import chunk_body, usage_body
@@ -41,8 +42,11 @@ DEFAULT_STATUS = "Working..."
 
 
 class ToolStreamer:
-    def __init__(self, loop: ToolLoop, resp: web.StreamResponse, rid: str) -> None:
+    def __init__(
+        self, loop: ToolLoop, resp: web.StreamResponse, rid: str, turn: KeptTurn | None = None
+    ) -> None:
         self.loop = loop
+        self.turn = turn  # the widget's kept turn: the content the visitor was sent
         self.resp = resp
         self.rid = rid
         self.created = int(time.time())
@@ -70,13 +74,18 @@ class ToolStreamer:
                 parts.append(piece.text)
                 content = parser.feed(piece.text).content if parser else piece.text
                 if content:
-                    await send_event(self.resp, self.chunk({"content": content}))
+                    await self.content(content)
         if parser is None:
             return step_of(gen, "".join(parts), "".join(parts), reason, [])
         tail = parser.close().content
         if tail:
-            await send_event(self.resp, self.chunk({"content": tail}))
+            await self.content(tail)
         return step_of(gen, parser.content, "".join(parts), reason, list(parser.calls))
+
+    async def content(self, text: str) -> None:
+        if self.turn is not None:
+            self.turn.add(text)
+        await send_event(self.resp, self.chunk({"content": text}))
 
     async def next_step(
         self, ids: list[int], plan: OutputPlan, round_: int, max_tokens: int
@@ -116,7 +125,7 @@ async def stream(
     obs: RequestObserver,
 ) -> web.StreamResponse:
     resp = await open_stream(request, headers)
-    out = ToolStreamer(loop, resp, rid)
+    out = ToolStreamer(loop, resp, rid, turn_of(request))
     await send_event(resp, out.chunk({"role": "assistant"}))
     try:
         outcome = await loop.drive(await out.step(gen, loop.ready.plan), out.next_step, out)
@@ -129,6 +138,8 @@ async def stream(
             await send_event(resp, chunk_body(rid, out.model, out.created, None, usage=usage))
         if outcome.error is not None:  # a later step was refused: the turn ended early
             raise outcome.error
+        if out.turn is not None:  # the widget's history: kept before the stream ends
+            await out.turn.save(out.model, s, rid)
     except ConnectionError:
         raise
     except Exception as exc:  # headers are out: an error event, then [DONE] (OpenAI style)

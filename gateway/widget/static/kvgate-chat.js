@@ -3,6 +3,9 @@
  *  Options (data-*): key, title, greeting, accent, position (left|right), open (true),
  *  session-url, model, max-tokens, temperature. Plain JS, no build step; see docs/widget.md.
  *
+ *  History: in the tab (sessionStorage), or on the server when the tenant turns it on and the
+ *  page gives a session-url (the conversation then follows the visitor's session token).
+ *
  *  Safety: nothing the model (or the server) sends is parsed as HTML. Text is inserted as text
  *  nodes; the only elements built from it are links, and only for http(s) URLs.
  */
@@ -119,6 +122,7 @@ form button[hidden] { display: none; }
   }
 
   // ---- state kept in the tab (sessionStorage): the conversation and whether it is open ----
+  // (with server history only whether it is open: the conversation is the server's)
   function loadState() {
     try {
       const data = JSON.parse(sessionStorage.getItem(STORE_KEY) || "null");
@@ -143,6 +147,7 @@ form button[hidden] { display: none; }
       this.session = null; // {token, refreshAt}
       this.countdown = null;
       this.usable = false;
+      this.conversation = null; // server history: the id of the conversation shown
       this.build(saved.open == null ? opts.open === "true" : saved.open);
     }
 
@@ -164,6 +169,7 @@ form button[hidden] { display: none; }
       }, icon());
       this.title = el("h2", { id: "kvg-title" });
       this.newButton = el("button", { type: "button", class: "new" }, "New conversation");
+      this.deleteButton = el("button", { type: "button", class: "delete", hidden: true }, "Delete");
       this.closeButton = el("button", { type: "button", class: "close", "aria-label": "Close chat" }, "×");
       this.log = el("div", { class: "log", role: "log", "aria-live": "polite", "aria-label": "Conversation" });
       this.status = el("div", { class: "status", role: "status" });
@@ -172,7 +178,7 @@ form button[hidden] { display: none; }
       this.stop = el("button", { type: "button", class: "stop", hidden: true }, "Stop");
       this.form = el("form", {}, el("label", { class: "sr", for: "kvg-input" }, "Message"), this.input, this.send, this.stop);
       this.panel = el("section", { class: "panel", id: "kvg-panel", role: "dialog", "aria-labelledby": "kvg-title", hidden: true },
-        el("header", {}, this.title, this.newButton, this.closeButton), this.log, this.status, this.form);
+        el("header", {}, this.title, this.newButton, this.deleteButton, this.closeButton), this.log, this.status, this.form);
       this.rootEl = el("div", { class: opts.position === "left" ? "root left" : "root" }, this.panel, this.launcher);
       root.append(this.rootEl);
       this.wire();
@@ -187,6 +193,7 @@ form button[hidden] { display: none; }
       this.launcher.addEventListener("click", () => this.setOpen(this.panel.hidden, true));
       this.closeButton.addEventListener("click", () => this.close());
       this.newButton.addEventListener("click", () => this.reset());
+      this.deleteButton.addEventListener("click", () => this.forget());
       this.stop.addEventListener("click", () => this.controller && this.controller.abort());
       this.form.addEventListener("submit", (e) => {
         e.preventDefault();
@@ -220,9 +227,15 @@ form button[hidden] { display: none; }
       this.launcher.focus();
     }
 
+    /** History on the server: the tenant turned it on and the page gives a session URL. */
+    get onServer() {
+      return !!(this.config.history && opts.sessionUrl);
+    }
+
     save() {
       try {
-        sessionStorage.setItem(STORE_KEY, JSON.stringify({ v: 1, messages: this.messages, open: !this.panel.hidden }));
+        const messages = this.onServer ? [] : this.messages;
+        sessionStorage.setItem(STORE_KEY, JSON.stringify({ v: 1, messages, open: !this.panel.hidden }));
       } catch (_) {
         /* storage full or disabled: the conversation lives only in this page */
       }
@@ -265,10 +278,63 @@ form button[hidden] { display: none; }
       if (data.require_session && !opts.sessionUrl) {
         return this.fail("This chat needs a signed-in session, but the page gives no data-session-url.", null);
       }
+      if (this.onServer && !(await this.loadHistory())) return;
       this.usable = true;
       this.clearStatus();
       this.setBusy(false);
       this.setState("ready");
+    }
+
+    // ---- history on the server: /v1/widget/conversation(s), the session token's visitor -----
+    async history(method, path) {
+      const call = (bearer) => fetch(BASE + path, {
+        method, credentials: "omit", headers: { Authorization: "Bearer " + bearer, Accept: "application/json" },
+      });
+      let res = await call(await this.bearer(false));
+      if (res.status === 401) res = await call(await this.bearer(true));
+      const data = await res.json().catch(() => ({}));
+      if (!res.ok) throw new HistoryError((data.error && data.error.message) || "HTTP " + res.status);
+      return data;
+    }
+
+    async loadHistory() {
+      this.deleteButton.hidden = false;
+      try {
+        const data = await this.history("GET", "/v1/widget/conversation");
+        this.showConversation(data);
+        return true;
+      } catch (err) {
+        const why = err instanceof HistoryError || err instanceof SessionError ? err.message : "Cannot reach the chat service.";
+        this.fail("The conversation could not be loaded: " + why, () => this.loadConfig());
+        return false;
+      }
+    }
+
+    showConversation(data) {
+      this.conversation = data.id || null;
+      this.messages = (Array.isArray(data.messages) ? data.messages : []).filter(
+        (m) => m && (m.role === "user" || m.role === "assistant") && typeof m.content === "string",
+      );
+      this.renderAll();
+    }
+
+    /** The conversation the next message goes to: the one shown, or a new one. */
+    async conversationId() {
+      if (!this.conversation) this.conversation = (await this.history("POST", "/v1/widget/conversations")).id;
+      return this.conversation;
+    }
+
+    async forget() {
+      if (this.controller) this.controller.abort();
+      const id = this.conversation;
+      this.clearStatus();
+      try {
+        if (id) await this.history("DELETE", "/v1/widget/conversations/" + encodeURIComponent(id));
+        this.showConversation({ id: null, messages: [] });
+        this.setState("deleted");
+      } catch (err) {
+        this.fail("The conversation could not be deleted: " + err.message, () => this.forget());
+      }
     }
 
     // ---- rendering ---------------------------------------------------------------------------
@@ -327,8 +393,19 @@ form button[hidden] { display: none; }
       this.send.hidden = busy;
     }
 
-    reset() {
+    async reset() {
       if (this.controller) this.controller.abort();
+      if (this.onServer) {
+        this.clearStatus();
+        try {
+          this.showConversation(await this.history("POST", "/v1/widget/conversations"));
+        } catch (err) {
+          return this.fail("A new conversation could not be started: " + err.message, () => this.reset());
+        }
+        this.setBusy(false);
+        this.input.focus();
+        return;
+      }
       this.messages = [];
       this.save();
       this.clearStatus();
@@ -372,8 +449,9 @@ form button[hidden] { display: none; }
       let text = "";
       let stopped = false;
       try {
-        let res = await this.post(await this.bearer(false), controller);
-        if (res.status === 401 && opts.sessionUrl) res = await this.post(await this.bearer(true), controller);
+        const id = this.onServer ? await this.conversationId() : null;
+        let res = await this.post(await this.bearer(false), controller, id);
+        if (res.status === 401 && opts.sessionUrl) res = await this.post(await this.bearer(true), controller, id);
         if (!res.ok) return await this.httpError(res, node);
         text = await this.readStream(res, node, controller);
       } catch (err) {
@@ -384,7 +462,7 @@ form button[hidden] { display: none; }
           return;
         } else {
           node.remove();
-          const why = err instanceof SessionError ? err.message : "Network error: the message was not answered.";
+          const why = err instanceof SessionError || err instanceof HistoryError ? err.message : "Network error: the message was not answered.";
           this.fail(why, () => this.complete());
           return;
         }
@@ -404,17 +482,19 @@ form button[hidden] { display: none; }
       if (this.host.getAttribute("data-state") === "streaming") this.setState(stopped ? "stopped" : "ready");
     }
 
-    post(bearer, controller) {
+    post(bearer, controller, conversation) {
       const messages = this.messages.slice(-HISTORY);
       const body = { model: this.model, messages, stream: true, stream_options: { include_usage: true } };
       const max = parseInt(opts.maxTokens || "", 10);
       if (max > 0) body.max_tokens = max;
       const temperature = parseFloat(opts.temperature || "");
       if (temperature >= 0) body.temperature = temperature;
+      const headers = { Authorization: "Bearer " + bearer, "Content-Type": "application/json" };
+      if (conversation) headers["X-Kvgate-Conversation"] = conversation; // the server keeps the turn
       return fetch(BASE + "/v1/chat/completions", {
         method: "POST",
         credentials: "omit",
-        headers: { Authorization: "Bearer " + bearer, "Content-Type": "application/json" },
+        headers,
         body: JSON.stringify(body),
         signal: controller.signal,
       });
@@ -504,6 +584,7 @@ form button[hidden] { display: none; }
 
   class StreamError extends Error {}
   class SessionError extends Error {}
+  class HistoryError extends Error {}
 
   function start() {
     const widget = new Widget();

@@ -31,6 +31,8 @@ PARAMS = {
     "admin_id": "adm_missing",
     "model": "no-such-model",
     "path": "index.html",
+    "conversation_id": "conv_missing",
+    "end_user": "nobody",
 }
 
 

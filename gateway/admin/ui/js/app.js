@@ -39,14 +39,14 @@ async function route() {
   showError(null);
   const parts = location.hash.replace(/^#\/?/, '').split('/').map(decodeURIComponent);
   const home = p.scope === 'platform' ? ['tenants'] : ['tenants', p.scope];
-  const [page, id, tab] = parts[0] ? parts : home;
+  const [page, id, tab, sub] = parts[0] ? parts : home;
   for (const a of document.querySelectorAll('nav a')) {
     a.toggleAttribute('aria-current', a.getAttribute('href') === `#/${page}` && !id);
     if (a.hasAttribute('aria-current')) a.setAttribute('aria-current', 'page');
   }
   const view = clear($('view'));
   const ctx = { principal: p, editor: p.access === 'editor', platform: p.scope === 'platform' };
-  if (page === 'tenants' && id) await renderTenant(view, ctx, id, tab || 'prompt');
+  if (page === 'tenants' && id) await renderTenant(view, ctx, id, tab || 'prompt', sub);
   else if (page === 'cluster' && ctx.platform) await renderCluster(view, ctx);
   else if (page === 'admins' && ctx.platform) await renderAdmins(view, ctx);
   else if (ctx.platform) await renderTenants(view, ctx);

@@ -1,4 +1,4 @@
-// One tenant: a header and tabs (prompt, keys, limits, widget, usage, audit).
+// One tenant: a header and tabs (prompt, keys, limits, widget, usage, transcripts, audit).
 import { api, enc } from '../api.js';
 import { badge, h } from '../dom.js';
 import { busy } from '../ui.js';
@@ -6,16 +6,18 @@ import { renderAudit } from './audit.js';
 import { renderKeys } from './keys.js';
 import { renderLimits } from './limits.js';
 import { renderPrompt } from './prompt.js';
+import { renderTranscripts } from './transcripts.js';
 import { renderUsage } from './usage.js';
 import { renderWidget } from './widget.js';
 
 const TABS = [
   ['prompt', 'System prompt', renderPrompt], ['keys', 'Keys', renderKeys],
   ['limits', 'Limits & budget', renderLimits], ['widget', 'Widget', renderWidget],
-  ['usage', 'Usage', renderUsage], ['audit', 'Audit log', renderAudit],
+  ['usage', 'Usage', renderUsage], ['transcripts', 'Transcripts', renderTranscripts],
+  ['audit', 'Audit log', renderAudit],
 ];
 
-export async function renderTenant(view, ctx, id, tab) {
+export async function renderTenant(view, ctx, id, tab, sub) {
   const tenant = await busy('Loading tenant', () => api('GET', `/tenants/${enc(id)}`));
   if (!tenant) return;
   view.append(h('h1', {}, h('span', { id: 'tenant-name' }, tenant.name), ' ',
@@ -25,5 +27,5 @@ export async function renderTenant(view, ctx, id, tab) {
   const body = h('div', { id: 'tab' });
   view.append(body);
   const found = TABS.find(([key]) => key === tab) || TABS[0];
-  await found[2](body, ctx, tenant);
+  await found[2](body, ctx, tenant, sub);
 }

@@ -15,6 +15,7 @@ export async function renderWidget(el, ctx, tenant) {
     title: text('w-title', w.title), greeting: text('w-greeting', w.greeting),
     accent: text('w-accent', w.accent), require_session: check('w-session', w.require_session),
     allow_client_system: check('w-client-system', w.allow_client_system),
+    history: check('w-history', w.history),
     max_choices: num('w-choices', w.max_choices), rpm: num('w-rpm', w.visitor_limits.rpm),
     tpm: num('w-tpm', w.visitor_limits.tpm), conc: num('w-conc', w.visitor_limits.max_concurrency),
   };
@@ -23,7 +24,8 @@ export async function renderWidget(el, ctx, tenant) {
       field('Accent colour', f.accent, '#1f5fbf')[0]),
     h('div', { class: 'row' }, field('Require a session token', f.require_session)[0],
       field('Allow client system messages', f.allow_client_system)[0],
-      field('Most choices per request', f.max_choices)[0]),
+      field('Most choices per request', f.max_choices)[0],
+      field('Keep conversations on the server', f.history, 'session-token visitors only')[0]),
     h('div', { class: 'row' }, field('Visitor RPM', f.rpm)[0], field('Visitor TPM', f.tpm)[0],
       field('Visitor concurrency', f.conc)[0]),
     h('p', { class: 'hint' }, `Session secret: ${w.session_secret_set ? 'set' : 'not set'}`));
@@ -36,7 +38,7 @@ export async function renderWidget(el, ctx, tenant) {
       event.preventDefault();
       const body = { title: opt(f.title), greeting: opt(f.greeting), accent: opt(f.accent),
         require_session: f.require_session.checked, allow_client_system: f.allow_client_system.checked,
-        max_choices: int(f.max_choices) || 1,
+        max_choices: int(f.max_choices) || 1, history: f.history.checked,
         visitor_limits: { rpm: int(f.rpm), tpm: int(f.tpm), max_concurrency: int(f.conc) } };
       if (await busy('Saving widget settings', () => api('PUT', base, body), event.submitter)) {
         status('Widget settings saved'); await reload();

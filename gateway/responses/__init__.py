@@ -1,0 +1,1 @@
+"""OpenAI's Responses and Conversations APIs on the chat path, with stored conversations."""
