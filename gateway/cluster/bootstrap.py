@@ -86,13 +86,15 @@ class ClusterSource:
             health_s=cs.health_s,
             spill_queue_s=cs.spill_queue_s,
             replica_rate=cs.replica_rps,
-            load_stats=self._load_stats(),
+            load_stats=self.load_stats(self.settings),
             on_close=local.stop if local is not None else None,
             unix_paths=_unix_paths(local),
         )
 
-    def _load_stats(self) -> LoadStats:
-        settings, cs = self.settings, self.settings.cluster
+    @staticmethod
+    def load_stats(settings: Settings) -> LoadStats:
+        """Tenant request rates, shared through Redis when the gateway has one."""
+        cs = settings.cluster
         redis = None
         if settings.ratelimit.redis_url:
             from gateway.ratelimit import make_client

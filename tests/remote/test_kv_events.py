@@ -40,7 +40,8 @@ def test_a_map_batch_of_tagged_maps() -> None:
 def test_an_array_batch_of_tagged_maps_as_vllm_0_32_sends_it() -> None:
     event = stored_map([H1], None, TOKENS, 16, lora_name=None, extra_keys=[["salt-a"]])
     batch = decode_batch(batch_array([event], 3.25, 0), source="s", seq=2)
-    assert batch.events == (BlockStored("s", (H1,), None, tuple(TOKENS), 16, None, "GPU"),)
+    expected = BlockStored("s", (H1,), None, tuple(TOKENS), 16, None, "GPU", cache_salt="salt-a")
+    assert batch.events == (expected,)
     assert (batch.ts, batch.data_parallel_rank) == (3.25, 0)
 
 
@@ -70,7 +71,8 @@ def test_unknown_fields_are_ignored_and_unknown_events_skipped() -> None:
     ]
     payload = ENCODE({"ts": 1.0, "events": events, "producer": "vllm-9", "data_parallel_rank": 0})
     batch = decode_batch(payload, source="s", seq=3)
-    assert batch.events == (BlockStored("s", (H1,), H2, tuple(TOKENS[:8]), 8, None, "GPU"),)
+    stored = BlockStored("s", (H1,), H2, tuple(TOKENS[:8]), 8, None, "GPU", cache_salt="salt")
+    assert batch.events == (stored,)
     assert batch.skipped == 1
     arrays = decode_batch(
         batch_array([["BlockMoved", 1, 2], ["AllBlocksCleared", 9]]), source="s", seq=4
