@@ -19,6 +19,7 @@ import aiohttp
 
 from engine.remote.messages import TokenizerPayload, WireError, WorkerInfo, from_json
 from gateway.cluster.discovery import parse_workers
+from gateway.cluster.dispatch import Dispatcher
 from gateway.cluster.engine import ClusterEngine
 from gateway.cluster.loadstats import LoadStats
 from gateway.cluster.local import LocalWorker
@@ -89,6 +90,16 @@ class ClusterSource:
             load_stats=self._load_stats(),
             on_close=local.stop if local is not None else None,
             unix_paths=_unix_paths(local),
+            dispatch=self._dispatcher(),
+        )
+
+    def _dispatcher(self) -> Dispatcher:
+        """Admission in front of the workers: the engine's fair-share knobs, the gateway's bound."""
+        engine = self.settings.model.engine
+        return Dispatcher(
+            self.settings.cluster.backend_max_inflight,
+            engine.batch_max_wait_steps,
+            engine.max_waiting,
         )
 
     def _load_stats(self) -> LoadStats:
