@@ -441,6 +441,7 @@ class ClusterEngine:
             m.check_integrity()
         assert all(m.inflight > 0 for m in self._flights.values()), "flight without inflight"
         self.placer.check_integrity()
+        self.dispatch.check_integrity()
         self.index.check_integrity()
         self.forgets.check_integrity()
 
