@@ -67,6 +67,9 @@ class EngineInfo:
     tokenizer: Tokenizer
     max_model_len: int  # prompt + output tokens one request may hold
     block_size: int  # tokens per KV block (a pin shorter than one block is refused)
+    # the grammar kinds (engine/constraints: json_schema, lark, regex) the engine enforces; the
+    # gateway refuses, or serves without a grammar, what needs another (vLLM: no lark)
+    grammars: frozenset[str] = frozenset({"json_schema", "lark", "regex"})
 
 
 class PinTicket(Protocol):

@@ -61,3 +61,12 @@ class DuplicateRequestId(EngineError, ValueError):
     """A request with this id is already in flight."""
 
     param = "request_id"
+
+
+class RequestRejected(EngineError, ValueError):
+    """An engine the gateway does not run (a vLLM server) refused the request as invalid (HTTP
+    400 from it): the message is the server's."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param

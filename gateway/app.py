@@ -33,6 +33,7 @@ from engine.errors import (
     GrammarRejected,
     PromptTooLong,
     RequestAborted,
+    RequestRejected,
     TenantQueueFull,
 )
 from gateway.access.auth import KeyCache
@@ -91,6 +92,7 @@ def register_gateway_errors() -> None:
     register_error(PromptTooLong, 400, "invalid_request_error", "context_length_exceeded")
     register_error(DuplicateRequestId, 400, "invalid_request_error", "duplicate_request_id")
     register_error(GrammarRejected, 400, "invalid_request_error", "unsupported_schema")
+    register_error(RequestRejected, 400, "invalid_request_error", "engine_rejected")
     retry = {"Retry-After": "1"}
     register_error(EngineOverloaded, 503, "service_unavailable", "engine_overloaded", retry)
     # this tenant's share of the engine queue is full (the others are served): a rate limit

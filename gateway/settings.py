@@ -376,7 +376,25 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "log level"),
     Variable("KVGATE_LOG_JSON", _bool, "true", "JSON log lines (false: console format)"),
     Variable("KVGATE_SERVICE_NAME", _str, "kvgate-gateway", "OTel service.name"),
-    Variable("KVGATE_WORKERS", _opt_str, "", "engine workers (http://h:p,...); unset: one local"),
+    Variable(
+        "KVGATE_BACKEND",
+        _choice("kvgate", "vllm"),
+        "kvgate",
+        "engine kind behind KVGATE_WORKERS: kvgate workers, or vLLM servers (docs/vllm.md)",
+    ),
+    Variable(
+        "KVGATE_WORKERS",
+        _opt_str,
+        "",
+        "engine workers (http://h:p,...), or vLLM servers' base URLs; unset: one local worker",
+    ),
+    Variable(
+        "KVGATE_KV_EVENTS",
+        _opt_str,
+        "",
+        "vLLM: each server's KV-event endpoint (tcp://h:p, optionally |tcp://h:replay-port), in "
+        "KVGATE_WORKERS order; unset: GET /kv_event_sources of each server",
+    ),
     Variable(
         "KVGATE_WORKER_TOKEN",
         _worker_token,
@@ -733,7 +751,9 @@ class DatabaseSettings:
 class ClusterSettings:
     """Engine workers and tenant placement (gateway/cluster/)."""
 
+    backend: str = "kvgate"  # or "vllm": KVGATE_WORKERS are vLLM servers
     workers: str | None = None  # None: `kvgate serve` starts one local worker
+    kv_events: str | None = None  # vLLM: KV-event endpoints in KVGATE_WORKERS order
     worker_token: str | None = field(default=None, repr=False)
     worker_id: str | None = None
     health_s: float = 1.0
@@ -747,7 +767,9 @@ class ClusterSettings:
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> ClusterSettings:
         return cls(
+            backend=value(src, "KVGATE_BACKEND"),
             workers=value(src, "KVGATE_WORKERS"),
+            kv_events=value(src, "KVGATE_KV_EVENTS"),
             worker_token=value(src, "KVGATE_WORKER_TOKEN"),
             worker_id=value(src, "KVGATE_WORKER_ID"),
             health_s=value(src, "KVGATE_WORKER_HEALTH_S"),

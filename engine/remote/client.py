@@ -61,6 +61,7 @@ class WorkerClient:
             self.url, token, session, unix_path=unix_path, connect_s=timeout_s
         )
         self._known = False  # /v1/info read and its protocol matched: calls may go out
+        self.rewarms = 0  # a worker pins: its prompts never need warming again
 
     @property
     def calls_endpoint(self) -> str:

@@ -54,6 +54,9 @@ class BlockStored:
     block_size: int
     lora_id: int | None = None
     medium: str | None = None  # "GPU" / "CPU" (vLLM's tier), None from older releases
+    # the request's ``cache_salt`` where the first block carries it (vLLM 0.32's extra keys:
+    # one entry per block; the salt is in the first block's, as it salts only that hash)
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,8 @@ class _MapStored(msgspec.Struct, tag="BlockStored"):
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[object] | None = None
 
 
 class _MapRemoved(msgspec.Struct, tag="BlockRemoved"):
@@ -119,6 +124,8 @@ class _ArrayStored(msgspec.Struct, array_like=True, tag="BlockStored"):
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[object] | None = None
 
 
 class _ArrayRemoved(msgspec.Struct, array_like=True, tag="BlockRemoved"):
@@ -199,10 +206,20 @@ def _event(raw: bytes, source: str) -> KVEvent | None:
             wire.block_size,
             wire.lora_id,
             wire.medium,
+            _salt(wire.extra_keys, wire.lora_name),
         )
     if isinstance(wire, _MapRemoved | _ArrayRemoved):
         return BlockRemoved(source, tuple(wire.block_hashes), wire.medium)
     return AllCleared(source)
+
+
+def _salt(extra_keys: list[object] | None, lora_name: str | None) -> str | None:
+    """The cache salt among the first block's extra keys (in vLLM's order: the LoRA name, media
+    pairs, the salt, prompt-embedding digests): its first string that is not the LoRA name."""
+    first = extra_keys[0] if extra_keys else None
+    if not isinstance(first, list):
+        return None
+    return next((k for k in first if isinstance(k, str) and k != lora_name), None)
 
 
 def decode_batch(payload: bytes, *, source: str, seq: int, replayed: bool = False) -> EventBatch:

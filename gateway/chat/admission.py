@@ -34,7 +34,7 @@ from gateway.chat.prompt import (
     shared_prefix,
 )
 from gateway.chat.schemas import ChatRequest, parse_chat_request
-from gateway.chat.tools.plan import OutputPlan, plan_output
+from gateway.chat.tools.plan import OutputPlan, for_engine, plan_output
 from gateway.chat.tools.render import tool_texts
 from gateway.chat.tools.tenant import request_choice, tenant_tool_defs
 from gateway.chat.tools.validate import check_plan, needs_compile
@@ -180,6 +180,7 @@ async def prepare(
     plan = plan_output(
         tools, choice, body.parallel_tool_calls, body.response_format, tok.chat_template
     )
+    plan = for_engine(plan, state.engine.info.grammars, choice)
     # The tenant's tools are in its prefix; a fallback template gets the client's after them.
     rendered = tools if plan.native else client_tools
     limit = rt.limits.max_concurrency  # requests that may wait for the pool, as for the engine

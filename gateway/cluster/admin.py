@@ -68,11 +68,14 @@ def cluster_report(engine: ClusterEngine) -> dict[str, Any]:
                 "pin_budget_blocks": info.pin_budget_blocks if info else None,
                 "pinned_tenants": sorted(p.tenant_id for p in pins if wid in p.handles),
                 "routed": dict(m.routed),
+                # vLLM replicas: placed prompts warmed again after the server evicted blocks
+                "rewarms": m.client.rewarms,
             }
         )
     placement = engine.placer.placement
     return {
         "mode": "cluster",
+        "backend": engine.backend,
         "workers": workers,
         "tenants": {
             p.tenant_id: {
@@ -87,6 +90,7 @@ def cluster_report(engine: ClusterEngine) -> dict[str, Any]:
         "retries": engine.retries,
         "failovers": engine.failovers,
         "pin_moves": engine.placer.moves,
+        "rewarms": sum(m.client.rewarms for m in engine.members.values()),
         "last_reconcile_s": round(engine.placer.last_reconcile_s, 4),
     }
 
@@ -132,7 +136,14 @@ class ClusterCollector(Collector):
                     blocks.add_metric([w, state], float(getattr(m.load.stats, f"blocks_{state}")))
             for reason, n in m.routed.items():
                 routed.add_metric([w, reason], float(n))
-        yield from (up, reqs, blocks, tenants, delay, routed)
+        rewarms = CounterMetricFamily(
+            "kvgate_worker_rewarms",
+            "placed prompts warmed again after a vLLM server evicted their blocks",
+            labels=["worker"],
+        )
+        for m in e.members.values():
+            rewarms.add_metric([m.worker_id], float(m.client.rewarms))
+        yield from (up, reqs, blocks, tenants, delay, routed, rewarms)
         yield CounterMetricFamily(
             "kvgate_cluster_retries", "requests retried on another worker", value=e.retries
         )

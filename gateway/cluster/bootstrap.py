@@ -87,23 +87,27 @@ class ClusterSource:
             health_s=cs.health_s,
             spill_queue_s=cs.spill_queue_s,
             replica_rate=cs.replica_rps,
-            load_stats=self._load_stats(),
+            load_stats=self.load_stats(self.settings),
             on_close=local.stop if local is not None else None,
             unix_paths=_unix_paths(local),
-            dispatch=self._dispatcher(),
+            dispatch=self.dispatcher(self.settings),
         )
 
-    def _dispatcher(self) -> Dispatcher:
-        """Admission in front of the workers: the engine's fair-share knobs, the gateway's bound."""
-        engine = self.settings.model.engine
+    @staticmethod
+    def dispatcher(settings: Settings) -> Dispatcher:
+        """Admission in front of the replicas (any kind): the gateway's bound per replica
+        (KVGATE_BACKEND_MAX_INFLIGHT), the engine's fair-share knobs."""
+        engine = settings.model.engine
         return Dispatcher(
-            self.settings.cluster.backend_max_inflight,
+            settings.cluster.backend_max_inflight,
             engine.batch_max_wait_steps,
             engine.max_waiting,
         )
 
-    def _load_stats(self) -> LoadStats:
-        settings, cs = self.settings, self.settings.cluster
+    @staticmethod
+    def load_stats(settings: Settings) -> LoadStats:
+        """Tenant request rates, shared through Redis when the gateway has one."""
+        cs = settings.cluster
         redis = None
         if settings.ratelimit.redis_url:
             from gateway.ratelimit import make_client

@@ -39,6 +39,7 @@ from engine.outputs import RequestOutput
 from engine.params import SamplingParams
 from engine.remote.client import WorkerClient, WorkerUnavailable
 from engine.remote.messages import WireError, WorkerInfo
+from engine.remote.replica import ReplicaClient
 from engine.text.tokenizer import Tokenizer
 from gateway.cluster.discovery import resolve_workers
 from gateway.cluster.dispatch import Dispatcher, Entry, Slot, with_room
@@ -50,6 +51,16 @@ from gateway.cluster.placer import Placer, TenantPin, placement_key
 from gateway.cluster.router import Route, choose
 
 log = structlog.get_logger(__name__)
+Connect = Callable[[str, aiohttp.ClientSession, float], ReplicaClient]
+# (namespace, cache scope) of a request -> how the replicas' KV events key its blocks
+IndexKeys = Callable[[str, CacheScope | None], tuple[str, CacheScope | None]]
+
+
+def same_keys(namespace: str, scope: CacheScope | None) -> tuple[str, CacheScope | None]:
+    """kvgate workers key blocks as the request names them."""
+    return namespace, scope
+
+
 # Least time a health check (and any non-streaming call) may take: a worker whose CPU is
 # saturated by prefill answers late, and a slow worker is not a dead one.
 HEALTH_TIMEOUT_S = 5.0
@@ -69,9 +80,17 @@ class ClusterEngine:
         load_stats: LoadStats | None = None,
         on_close: Callable[[], Awaitable[None]] | None = None,
         unix_paths: dict[str, str] | None = None,  # url -> Unix socket (the local worker)
+        connect: Connect | None = None,  # url, session, timeout -> its client (vLLM servers)
+        index_keys: IndexKeys = same_keys,
+        grammars: frozenset[str] | None = None,  # kinds the replicas enforce (None: all)
         dispatch: Dispatcher | None = None,  # admission in front of the workers (no bound)
     ) -> None:
         self._info = EngineInfo(tokenizer, info.max_model_len, info.block_size)
+        if grammars is not None:
+            self._info = dataclasses.replace(self._info, grammars=grammars)
+        self._connect = connect or self._worker_client
+        self.backend = "kvgate" if connect is None else "vllm"
+        self._index_keys = index_keys
         self.block_size = info.block_size
         self._endpoints = tuple(endpoints)
         self._token = token
@@ -177,9 +196,7 @@ class ClusterEngine:
         for url in await resolve_workers(self._endpoints):
             if url not in self.members:
                 # a busy worker may answer late: only a refused or hung call counts as failed
-                timeout = self._health_timeout
-                unix = self._unix_paths.get(url)
-                client = WorkerClient(url, self._token, self._session, timeout, unix)
+                client = self._connect(url, self._session, self._health_timeout)
                 self.members[url] = Member(url, client)
         results = await asyncio.gather(*(self._check(m) for m in self.members.values()))
         rates = await self._stats.refresh()
@@ -189,6 +206,11 @@ class ClusterEngine:
         if any(results) or shape != self._demand_shape or retry:  # rates: once per window
             self._demand_shape = shape
             self._dirty.set()
+
+    def _worker_client(
+        self, url: str, session: aiohttp.ClientSession, timeout: float
+    ) -> ReplicaClient:
+        return WorkerClient(url, self._token, session, timeout, self._unix_paths.get(url))
 
     async def _check(self, m: Member) -> bool:
         """Poll one worker; True when its membership changed."""
@@ -408,7 +430,8 @@ class ClusterEngine:
         pinned_blocks = pin.blocks if pin is not None else 0
         # keyed like the engine keys them (the end user's scope past the shared prefix), so a
         # conversation is found on the worker holding it, and never another end user's
-        blocks, holders = self.index.longest(namespace, ids, self.block_size, scope)
+        index_ns, index_scope = self._index_keys(namespace, scope)
+        blocks, holders = self.index.longest(index_ns, ids, self.block_size, index_scope)
         # a tenant pinned nowhere (no room) goes where its prompt is still cached, if anywhere
         floor = pinned_blocks if pin is not None and pin.handles else 0
         affinity = holders if blocks > floor else frozenset()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from engine.remote.client import WorkerClient
 from engine.remote.messages import WorkerInfo, WorkerLoad
+from engine.remote.replica import ReplicaClient
 
 # Consecutive failed health checks before a worker is taken out: a refused connection (nothing
 # listens: the process is gone) counts double, a timeout (busy, or hung) once.
@@ -17,7 +17,7 @@ _EWMA = 0.2  # weight of the newest queue-delay sample
 @dataclass(eq=False)
 class Member:
     url: str
-    client: WorkerClient
+    client: ReplicaClient
     info: WorkerInfo | None = None
     healthy: bool = False
     failures: int = 0

@@ -3,6 +3,7 @@
 
     engine passed in        -> that engine (tests, benchmarks)
     KVGATE_WORKERS set      -> the cluster client over those workers (gateway/cluster/bootstrap.py)
+    KVGATE_BACKEND=vllm     -> the cluster client over vLLM servers (gateway/cluster/vllm.py)
     local_worker (serve)    -> one local worker process, then the cluster client over it
     otherwise               -> the model loaded in this process, on a thread (the event loop runs)
 
@@ -24,6 +25,7 @@ from gateway.settings import ModelSettings, Settings
 if TYPE_CHECKING:
     from gateway.cluster.bootstrap import ClusterSource
     from gateway.cluster.engine import ClusterEngine
+    from gateway.cluster.vllm import VllmSource
 
 
 class Opened(NamedTuple):
@@ -65,7 +67,7 @@ class InProcessEngine:
 class InWorkers:
     """The cluster client over worker processes (gateway/cluster/bootstrap.py)."""
 
-    source: ClusterSource
+    source: ClusterSource | VllmSource
 
     async def open(self) -> Opened:
         cluster = await self.source.open_cluster()
@@ -86,6 +88,10 @@ def choose_source(
     if engine is not None:
         return GivenEngine(engine)
     path = model_dir or settings.model.path
+    if settings.cluster.backend == "vllm":
+        from gateway.cluster.vllm import VllmSource
+
+        return InWorkers(VllmSource.from_settings(settings, path))
     if settings.cluster.workers or local_worker:
         from gateway.cluster.bootstrap import ClusterSource
 

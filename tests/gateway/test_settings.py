@@ -49,6 +49,7 @@ def test_toml_file_then_environment(tmp_path: Path) -> None:
         ({"KVGATE_DEFAULT_TPM": "lots"}, "KVGATE_DEFAULT_TPM"),
         ({"KVGATE_ADMIN_TOKEN": "short"}, "KVGATE_ADMIN_TOKEN"),
         ({"KVGATE_CONFIG": "/nonexistent/kvgate.toml"}, "KVGATE_CONFIG"),
+        ({"KVGATE_BACKEND": "sglang"}, "KVGATE_BACKEND"),
     ],
 )
 def test_bad_values_fail_naming_the_variable(env: dict[str, str], variable: str) -> None:

@@ -15,7 +15,7 @@ with every choice (its cached prefix). The format is the model family's
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.constraints import Grammar
 from gateway.chat.messages import ChatMessage
@@ -23,6 +23,7 @@ from gateway.chat.tools.formats import ToolFormat, detect_format, renders_tools
 from gateway.chat.tools.grammar import response_format_grammar, tool_grammar
 from gateway.chat.tools.models import NamedToolChoice, ResponseFormat, ToolChoice, ToolDef
 from gateway.chat.tools.render import Rendering, render
+from gateway.errors import ApiError
 
 
 @dataclass(frozen=True)
@@ -60,3 +61,23 @@ def plan_output(
         allowed, mode = tuple(enumerate(tools)), choice or "auto"
     grammar = tool_grammar([t for _, t in allowed], fmt, mode, parallel is not False)
     return OutputPlan(fmt, native, grammar, "tools", fmt, allowed)
+
+
+def for_engine(plan: OutputPlan, kinds: frozenset[str], choice: ToolChoice | None) -> OutputPlan:
+    """The plan as an engine that enforces only grammars of ``kinds`` can serve it (vLLM: no
+    Lark, so no tool-call grammar): with ``tool_choice`` "auto" the answer is generated freely
+    and still parsed for calls; a forced call ("required", a named function) is refused, naming
+    ``tool_choice``."""
+    grammar = plan.grammar
+    if grammar is None or grammar.kind in kinds:
+        return plan
+    if plan.grammar_param == "tools" and choice in (None, "auto"):
+        return replace(plan, grammar=None)
+    param = "tool_choice" if plan.grammar_param == "tools" else plan.grammar_param
+    raise ApiError(
+        400,
+        f"{param}: this gateway's engine cannot enforce it (a {grammar.kind} grammar); "
+        'use tool_choice "auto" or "none"',
+        param=param,
+        code="unsupported_parameter",
+    )
