@@ -70,7 +70,7 @@ def start_servers(tmp: Path, cache_blocks: int) -> list[Any]:
     kv_bytes = cache_blocks * CPU_BLOCK * BYTES_PER_TOKEN
     options = vs.ServerOptions(
         api_key=TOKEN,
-        max_model_len=cache_blocks * CPU_BLOCK,
+        max_model_len=(cache_blocks - 2) * CPU_BLOCK,  # fits beside the pool's null block
         max_num_seqs=2,
         extra_args=("--kv-cache-memory-bytes", str(kv_bytes)),
     )
@@ -259,9 +259,12 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "servers_ready_s": round(ready_s, 1),
             "replica_kv_cache_tokens": cache,
             "replica_kv_cache_blocks": cache // CPU_BLOCK if cache else None,
-            "tenant_prompts_tokens": args.tenants * load.prompt_tokens,
+            # cacheable: whole blocks of the tenants' prompts
+            "tenant_prompts_tokens": args.tenants * (load.prompt_tokens // CPU_BLOCK) * CPU_BLOCK,
             "tenant_prompts_over_one_replica": (
-                round(args.tenants * load.prompt_tokens / cache, 2) if cache else None
+                round(args.tenants * (load.prompt_tokens // CPU_BLOCK) * CPU_BLOCK / cache, 2)
+                if cache
+                else None
             ),
             "load": {**load.__dict__},
             "overhead": over,

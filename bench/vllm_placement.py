@@ -8,13 +8,13 @@ replicas, for three placement and routing policies over the same ``ClusterEngine
     tenant_hash   no placement, a tenant's requests all to replica hash(tenant) mod 2
 
 Every policy gets the same request plan (seeded): Zipf(s) tenant popularity over ``tenants``
-tenants, Poisson arrivals, one turn per request: the tenant's system prompt (one KV block of
-the server, 128 tokens on the CPU) and a few user tokens. The replicas' prefix caches are sized
-so that the tenants' prompts take ~3x one replica's capacity. Each policy runs under its own
-namespaces (salts): nothing one policy left in a cache serves another. Reported per policy:
-prompt tokens served from cache (the servers' ``cached_tokens``) over the requests after the
-warm-up share, TTFT p50/p99, and the re-warms (a placed prompt sent again after the server
-evicted its blocks).
+tenants, Poisson arrivals, one turn per request: the tenant's system prompt (one KV block of the
+server, 128 tokens on the CPU, and one token more) and a few user tokens. The replicas' prefix
+caches are sized so that the tenants' prompts take ~3x one replica's capacity. Each policy runs
+under its own namespaces (salts): nothing one policy left in a cache serves another. Reported
+per policy: prompt tokens served from cache (the servers' ``cached_tokens``) over the requests
+after the warm-up share, TTFT p50/p99, and the re-warms (a placed prompt sent again after the
+server evicted its blocks).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ WARM_UP = 0.25  # share of a run's requests that only count in the "with warm-up
 @dataclass(frozen=True)
 class Load:
     tenants: int = 24
-    prompt_tokens: int = 128  # one vLLM CPU block
+    # one vLLM CPU block (128) and the token that is always computed: the block is reusable
+    prompt_tokens: int = 129
     user_tokens: int = 12
     max_tokens: int = 4
     requests: int = 40
