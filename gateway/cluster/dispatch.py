@@ -44,11 +44,6 @@ from gateway.cluster.members import Member
 Pick = Callable[[Callable[[str], bool]], str | None]
 
 
-def server_priority(priority: Priority) -> int:
-    """vLLM's ``priority`` field under ``--scheduling-policy priority``: lower is served first."""
-    return 0 if priority == "interactive" else 1
-
-
 def with_room(
     members: Sequence[Member],
     placed: Collection[str],

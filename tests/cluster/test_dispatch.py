@@ -13,7 +13,7 @@ import pytest
 
 from engine.api import Priority
 from engine.errors import EngineOverloaded
-from gateway.cluster.dispatch import Dispatcher, Entry, Pick, Slot, server_priority, with_room
+from gateway.cluster.dispatch import Dispatcher, Entry, Pick, Slot, with_room
 from gateway.cluster.members import Member
 
 PROMPT = 100
@@ -209,7 +209,3 @@ def test_with_room_keeps_a_tenant_on_its_own_workers() -> None:
     assert [m.worker_id for m in with_room(ms, ["w0"], {"w2"}, room)] == ["w1", "w2"]
     assert [m.worker_id for m in with_room(ms, [], (), room)] == ["w1", "w2"]  # placed nowhere
     assert [m.worker_id for m in with_room(ms, ["gone"], (), room)] == ["w1", "w2"]
-
-
-def test_vllm_priority_numbers() -> None:
-    assert server_priority("interactive") < server_priority("batch")
