@@ -69,6 +69,7 @@ class PolicyRun:
     samples: list[Sample] = field(default_factory=list)
     pins: int = 0
     pinned_anywhere: int = 0
+    pin_refusals: list[str] = field(default_factory=list)
     rewarms: int = 0
     duration_s: float = 0.0
 
@@ -120,8 +121,13 @@ async def run_policy(policy: str, eng: Any, load: Load, salt: str) -> PolicyRun:
     ns = [f"bench-vllm-{salt}-{policy}-t{t}" for t in range(load.tenants)]
     prompts = [system_prompt(t, load.prompt_tokens) for t in range(load.tenants)]
     if policy == "kvgate":
+        from engine.errors import PinRejected
+
         for t in range(load.tenants):
-            await eng.pin(f"t{t}", ns[t], prompts[t])
+            try:
+                await eng.pin(f"t{t}", ns[t], prompts[t])
+            except PinRejected as exc:
+                run.pin_refusals.append(f"t{t}: {exc}")
         await eng.settle()
         run.pins = len(eng.placer.pins)
         run.pinned_anywhere = sum(1 for p in eng.placer.pins.values() if p.handles)
@@ -181,6 +187,7 @@ def summarize(run: PolicyRun) -> dict[str, Any]:
         "per_replica": workers,
         "placed_prompts": run.pins,
         "placed_somewhere": run.pinned_anywhere,
+        "pin_refusals": run.pin_refusals,
         "rewarms": run.rewarms,
         "rewarms_per_placed_prompt": run.rewarms / run.pins if run.pins else None,
         "duration_s": run.duration_s,
