@@ -55,6 +55,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=1.5, help="(b): requests/s")
     p.add_argument("--tenants", type=int, default=24)
     p.add_argument("--cache-blocks", type=int, default=8, help="each replica's KV cache")
+    p.add_argument("--prompt-blocks", type=int, default=1, help="(b): a tenant prompt's blocks")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args(list(argv))
@@ -248,7 +249,13 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     servers = await asyncio.to_thread(start_servers, tmp, args.cache_blocks)
     ready_s = time.monotonic() - t0
     try:
-        load = Load(args.tenants, requests=args.requests, rate=args.rate, seed=args.seed)
+        load = Load(
+            args.tenants,
+            prompt_tokens=args.prompt_blocks * CPU_BLOCK + 1,
+            requests=args.requests,
+            rate=args.rate,
+            seed=args.seed,
+        )
         over = await overhead(tmp, servers[0], model, args.pairs)
         rows = await placement(tmp, servers, model, load)
         cache = _cache_tokens(servers[0])
