@@ -203,7 +203,7 @@ class VllmClient:
         async with KVEventSubscriber(endpoint) as sub:
             async for batch in sub.batches():
                 events = keys.translate(batch.events)
-                self._rewarm_after(events)
+                self.rewarm_after(events)
                 if events:
                     yield events
 
@@ -233,7 +233,7 @@ class VllmClient:
         async for _ in self.generate(ids, params, options):
             pass
 
-    def _rewarm_after(self, events: list[KvEvent]) -> None:
+    def rewarm_after(self, events: list[KvEvent]) -> None:
         gone = {e.key for e in events if isinstance(e, Removed)}
         if not gone:
             return
