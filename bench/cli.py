@@ -58,5 +58,9 @@ def main(argv: Sequence[str]) -> int:
     if name not in BENCHMARKS:
         print(f"kvgate bench: unknown benchmark {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    # The engine's process variables (OMP_WAIT_POLICY=PASSIVE, the ISA caps) before any benchmark
+    # loads torch, as `kvgate worker` has them: with torch first, its OpenMP threads spin beside
+    # the engine's kernel pool and an in-process engine is timed slower than the worker runs.
+    importlib.import_module("engine.runtime")
     module = importlib.import_module(BENCHMARKS[name][0])
     return int(module.main(args[1:]) or 0)

@@ -67,6 +67,9 @@ def _decode(engine: Any, prompts: list[list[int]], tokens: int) -> float:
 
 
 def measure(spec: Spec, weights: str = "auto") -> dict[str, float]:
+    # The engine's process variables before torch loads, as in `kvgate worker`: with torch first,
+    # its OpenMP threads spin beside the engine's kernel pool (OMP_WAIT_POLICY unset).
+    import engine.runtime  # noqa: I001
     import torch
 
     from bench.models import read_model_config

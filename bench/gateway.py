@@ -80,6 +80,13 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--model", help="model directory (default: the demo model, written to tmp)")
     p.add_argument("--redis-server", default="redis-server", help="binary for a private Redis")
     p.add_argument("--out", type=Path, default=RESULTS / "gateway.json")
+    p.add_argument(
+        "--only",
+        choices=("ttft", "stages"),
+        help="ttft: time to the first content chunk through `kvgate serve` vs the engine's own"
+        " (bench/gateway_ttft.py; its own options: --only ttft --help); stages: where that"
+        " time goes, step by step (bench/gateway_ttft_stages.py)",
+    )
     return p.parse_args(list(argv))
 
 
@@ -511,6 +518,14 @@ def _table(results: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
+    if "stages" in argv and "--only" in argv:  # where the time to first content goes
+        from bench import gateway_ttft_stages
+
+        return gateway_ttft_stages.main(argv)
+    if "--only" in argv:  # one part: TTFT through `kvgate serve` vs the engine's own
+        from bench import gateway_ttft
+
+        return gateway_ttft.main(argv)
     args = _parse(argv)
     config = {
         "benchmark": "gateway",
