@@ -38,6 +38,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "ten-turn conversations: previous_response_id vs resending the history; TTFT, prefill",
     ),
     "vllm": ("bench.vllm_peer", "the seed shapes (reuse batch 1 and 7, burst) vs vLLM's CPU build"),
+    "vllm-backend": (
+        "bench.vllm_backend",
+        "kvgate in front of vLLM servers: added TTFT; KV-event placement vs round-robin, hash",
+    ),
     "bf16": ("bench.bf16", "the CPU's bf16 path vs float32 and transformers: top-5, greedy, time"),
 }
 

@@ -21,7 +21,7 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from engine.core.fairness import Priority
+from engine.core.fairness import FairShare, Priority, pick_waiting
 from engine.core.kv import CacheScope, CacheStats, PinHandle, PriorityRange
 from engine.core.options import DEFAULT_OPTIONS, GenerateFields, GenerateOptions
 from engine.core.request import request_id_or_new
@@ -32,7 +32,10 @@ if TYPE_CHECKING:
     from engine.text.tokenizer import Tokenizer
 
 # The engine's types that travel through this interface, named here so that a caller (the
-# gateway) needs no import below the boundary.
+# gateway) needs no import below the boundary. ``FairShare`` and ``pick_waiting`` (the fair
+# share's counters and its choice of the next waiting request, torch-free) are named for the
+# gateway's dispatcher in front of engines it does not schedule (gateway/cluster/dispatch.py):
+# one policy, not a second one written beside it.
 __all__ = [
     "DEFAULT_OPTIONS",
     "NO_PIN",
@@ -40,6 +43,7 @@ __all__ = [
     "CacheStats",
     "EngineClient",
     "EngineInfo",
+    "FairShare",
     "GenerateFields",
     "GenerateOptions",
     "LocalPin",
@@ -49,6 +53,7 @@ __all__ = [
     "PinTier",
     "Priority",
     "PriorityRange",
+    "pick_waiting",
     "request_id_or_new",
 ]
 

@@ -410,6 +410,20 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("KVGATE_SPILL_QUEUE_S", _positive_float, "0.5", "queue delay that spills requests"),
     Variable("KVGATE_REPLICA_RPS", _positive_float, "2", "tenant requests/s per pinned replica"),
     Variable("KVGATE_LOAD_WINDOW_S", _positive_float, "10", "tenant load statistics window"),
+    Variable(
+        "KVGATE_BACKEND_MAX_INFLIGHT",
+        _int_in(0, 1_000_000),
+        "64",
+        "this gateway's requests in flight per replica (about the server's max_num_seqs / the "
+        "gateways); more wait in the gateway, dispatched by tenant fair share; 0: no bound",
+    ),
+    Variable(
+        "KVGATE_BACKEND_PRIORITY",
+        _bool,
+        "false",
+        "the vLLM servers run --scheduling-policy priority: requests carry vLLM's priority "
+        "(interactive 0, batch 1)",
+    ),
     Variable("KVGATE_USAGE_LEDGER", _bool, "true", "usage ledger: one record per chat request"),
     Variable(
         "KVGATE_USAGE_SPOOL_DIR",
@@ -775,6 +789,8 @@ class ClusterSettings:
     spill_queue_s: float = 0.5
     replica_rps: float = 2.0
     load_window_s: float = 10.0
+    backend_max_inflight: int = 64  # per replica, this gateway's (gateway/cluster/dispatch.py)
+    backend_priority: bool = False  # vLLM's priority field sent (--scheduling-policy priority)
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> ClusterSettings:
@@ -789,6 +805,8 @@ class ClusterSettings:
             spill_queue_s=value(src, "KVGATE_SPILL_QUEUE_S"),
             replica_rps=value(src, "KVGATE_REPLICA_RPS"),
             load_window_s=value(src, "KVGATE_LOAD_WINDOW_S"),
+            backend_max_inflight=value(src, "KVGATE_BACKEND_MAX_INFLIGHT"),
+            backend_priority=value(src, "KVGATE_BACKEND_PRIORITY"),
         )
 
 

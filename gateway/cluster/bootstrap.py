@@ -19,6 +19,7 @@ import aiohttp
 
 from engine.remote.messages import TokenizerPayload, WireError, WorkerInfo, from_json
 from gateway.cluster.discovery import parse_workers
+from gateway.cluster.dispatch import Dispatcher
 from gateway.cluster.engine import ClusterEngine
 from gateway.cluster.loadstats import LoadStats
 from gateway.cluster.local import LocalWorker
@@ -89,6 +90,18 @@ class ClusterSource:
             load_stats=self.load_stats(self.settings),
             on_close=local.stop if local is not None else None,
             unix_paths=_unix_paths(local),
+            dispatch=self.dispatcher(self.settings),
+        )
+
+    @staticmethod
+    def dispatcher(settings: Settings) -> Dispatcher:
+        """Admission in front of the replicas (any kind): the gateway's bound per replica
+        (KVGATE_BACKEND_MAX_INFLIGHT), the engine's fair-share knobs."""
+        engine = settings.model.engine
+        return Dispatcher(
+            settings.cluster.backend_max_inflight,
+            engine.batch_max_wait_steps,
+            engine.max_waiting,
         )
 
     @staticmethod

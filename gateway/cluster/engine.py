@@ -42,6 +42,7 @@ from engine.remote.messages import WireError, WorkerInfo
 from engine.remote.replica import ReplicaClient
 from engine.text.tokenizer import Tokenizer
 from gateway.cluster.discovery import resolve_workers
+from gateway.cluster.dispatch import Dispatcher, Entry, Slot, with_room
 from gateway.cluster.forget import SnapshotForgets
 from gateway.cluster.kvindex import KvIndex
 from gateway.cluster.loadstats import LoadStats
@@ -82,6 +83,7 @@ class ClusterEngine:
         connect: Connect | None = None,  # url, session, timeout -> its client (vLLM servers)
         index_keys: IndexKeys = same_keys,
         grammars: frozenset[str] | None = None,  # kinds the replicas enforce (None: all)
+        dispatch: Dispatcher | None = None,  # admission in front of the workers (no bound)
     ) -> None:
         self._info = EngineInfo(tokenizer, info.max_model_len, info.block_size)
         if grammars is not None:
@@ -101,6 +103,7 @@ class ClusterEngine:
         self.members: dict[str, Member] = {}  # by url
         self.placer = Placer(replica_rate)
         self.index = KvIndex()
+        self.dispatch = dispatch or Dispatcher()
         self.forgets = SnapshotForgets()
         self._flights: dict[str, Member] = {}  # request id -> worker serving it
         self._session: aiohttp.ClientSession | None = None
@@ -337,10 +340,10 @@ class ClusterEngine:
         self._stats.record(key)
         cost = len(token_ids) + params.max_tokens
         tried: set[str] = set()
+        entry = Entry(rid, options.tenant, options.weight, options.priority, len(token_ids))
+        generated = 0
         while True:
-            route = self._route(
-                key, namespace, token_ids, tried, options.cache_scope, options.tenant
-            )
+            route, slot = await self._admit(entry, key, token_ids, tried, options)
             m = route.member
             stream = m.client.generate(token_ids, params, options)  # its own iterator
             m.add_work(options.tenant, cost)
@@ -349,6 +352,7 @@ class ClusterEngine:
                 first = await anext(stream)
             except (WorkerUnavailable, EngineOverloaded) as exc:
                 self._leave(rid, m, cost, options.tenant)
+                self.dispatch.release(slot)
                 await _close(stream)
                 tried.add(m.worker_id)
                 self.retries += 1
@@ -358,6 +362,7 @@ class ClusterEngine:
                 continue
             except BaseException:
                 self._leave(rid, m, cost, options.tenant)
+                self.dispatch.release(slot)
                 await _close(stream)
                 raise
             break
@@ -366,6 +371,7 @@ class ClusterEngine:
             out = dataclasses.replace(first, worker=m.worker_id)  # who served it (the ledger's)
             while True:
                 m.last_output = time.monotonic()
+                generated = len(out.token_ids)
                 yield out
                 if out.finished:
                     q = out.metrics.queue_time
@@ -375,7 +381,31 @@ class ClusterEngine:
                 out = await anext(stream)
         finally:
             self._leave(rid, m, cost, options.tenant)
+            self.dispatch.release(slot, generated)
             await _close(stream)
+
+    async def _admit(
+        self,
+        entry: Entry,
+        key: str,
+        ids: Sequence[int],
+        tried: set[str],
+        options: GenerateOptions,
+    ) -> tuple[Route, Slot]:
+        """The route, and a slot on its worker (gateway/cluster/dispatch.py: waits, in fair
+        order, while every worker the request may go to is full)."""
+        chosen: list[Route] = []
+
+        def pick(room: Callable[[str], bool]) -> str | None:
+            ns, scope, tenant = options.namespace, options.cache_scope, options.tenant
+            route = self._route(key, ns, ids, tried, scope, tenant, room)
+            if route is None:
+                return None
+            chosen.append(route)
+            return route.member.worker_id
+
+        slot = await self.dispatch.acquire(entry, pick)
+        return chosen[-1], slot
 
     def _route(
         self,
@@ -385,7 +415,9 @@ class ClusterEngine:
         tried: set[str],
         scope: CacheScope | None = None,
         tenant: str = "default",
-    ) -> Route:
+        room: Callable[[str], bool] | None = None,
+    ) -> Route | None:
+        """None: every worker the request may go to is full (``room``: the dispatcher's)."""
         members = [m for w, m in self.healthy().items() if w not in tried]
         degraded = not members
         if degraded:  # none healthy: a worker that answers late beats failing the request
@@ -407,6 +439,10 @@ class ClusterEngine:
         if pin is not None:  # while a pin moves, its old holders serve until the new one has it
             held = [w for w in placed if w in pin.handles]
             placed = tuple(held) or tuple(w for w in pin.handles if w not in placed) or placed
+        if room is not None:
+            members = with_room(members, placed, affinity, room)
+            if not members:
+                return None
         route = choose(members, placed, key, affinity, self._spill_queue_s, tenant)
         if route is None:
             raise WorkerUnavailable("no healthy worker can take the request")
@@ -428,6 +464,7 @@ class ClusterEngine:
             m.check_integrity()
         assert all(m.inflight > 0 for m in self._flights.values()), "flight without inflight"
         self.placer.check_integrity()
+        self.dispatch.check_integrity()
         self.index.check_integrity()
         self.forgets.check_integrity()
 

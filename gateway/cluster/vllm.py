@@ -82,7 +82,14 @@ class VllmSource:
         return cls(settings, endpoints, cs.worker_token, model_dir, events)
 
     def connect(self, url: str, session: aiohttp.ClientSession, timeout: float) -> ReplicaClient:
-        return VllmClient(url, self.token, session, timeout, kv_events=self.kv_events.get(url))
+        return VllmClient(
+            url,
+            self.token,
+            session,
+            timeout,
+            kv_events=self.kv_events.get(url),
+            priority=self.settings.cluster.backend_priority,
+        )
 
     async def open_cluster(self) -> ClusterEngine:
         """The tokenizer from the model directory (off the loop), the model's facts from the
@@ -102,6 +109,7 @@ class VllmSource:
             connect=self.connect,
             index_keys=vllm_index_keys,
             grammars=VLLM_GRAMMARS,
+            dispatch=ClusterSource.dispatcher(self.settings),
         )
 
     async def first_info(self, timeout_s: float) -> WorkerInfo:

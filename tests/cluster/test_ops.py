@@ -196,6 +196,8 @@ def test_compose_publishes_only_the_api_and_needs_a_generated_worker_token() -> 
         for port in svc.get("ports", []):
             if name == "gateway":
                 assert port == "8000:8000"  # the API only: never the metrics port
+            elif name == "gateway-vllm":
+                assert port == "8001:8000"  # the vllm profile's gateway: its API only
             else:  # monitoring UIs show every tenant's series: the host's loopback only
                 assert port.startswith("127.0.0.1:"), (name, port)
     workers = [n for n, s in services.items() if s.get("command", [None])[0] == "worker"]
@@ -220,3 +222,121 @@ def test_deployments_open_one_worker_port_for_probes_and_calls() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     workers = [s for s in compose["services"].values() if s.get("command", [None])[0] == "worker"]
     assert workers and all(w["expose"] == [str(port)] for w in workers)
+
+
+# -- the vLLM-backed variant (ops/k8s/vllm/, compose profile "vllm") --------------------------
+K8S_VLLM = K8S / "vllm"
+
+
+def vllm_manifests() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted(K8S_VLLM.glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def _vllm(kind: str, name: str) -> dict[str, Any]:
+    (doc,) = [d for d in vllm_manifests() if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def _settings_names() -> set[str]:
+    from gateway.settings import VARIABLES
+
+    return {v.name for v in VARIABLES}
+
+
+def test_vllm_manifests_validate_against_the_kubernetes_schemas() -> None:
+    docs = vllm_manifests()
+    assert {d["kind"] for d in docs} >= {"StatefulSet", "Deployment", "ConfigMap", "Service"}
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def _flag(args: list[str], name: str) -> str:
+    (value,) = [a.split("=", 1)[1] for a in args if a.startswith(f"{name}=")]
+    return value
+
+
+def test_vllm_statefulset_serves_with_tensor_parallelism_and_kv_events() -> None:
+    sts = _vllm("StatefulSet", "kvgate-vllm")
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    args = c["args"]
+    tp = int(_flag(args, "--tensor-parallel-size"))
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == tp >= 2
+    assert "--enable-prompt-tokens-details" in args and "--enable-prefix-caching" in args
+    events = json.loads(_flag(args, "--kv-events-config"))
+    assert events["enable_kv_cache_events"] and events["publisher"] == "zmq"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert events["endpoint"] == f"tcp://*:{ports['kv-events']}"  # "*": the publisher binds
+    assert events["replay_endpoint"] == f"tcp://*:{ports['kv-replay']}"
+    assert _flag(args, "--scheduling-policy") == "priority"
+    env = {e["name"]: e for e in c["env"]}
+    key = env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert key == {"name": "kvgate-secrets", "key": "KVGATE_WORKER_TOKEN"}
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    svc = _vllm("Service", sts["spec"]["serviceName"])
+    assert svc["spec"]["clusterIP"] == "None"  # one DNS name per pod: kvgate-vllm-0.kvgate-vllm
+    assert {p["port"] for p in svc["spec"]["ports"]} == set(ports.values())
+    policy = _vllm("NetworkPolicy", "kvgate-vllm")["spec"]
+    (rule,) = policy["ingress"]
+    assert {p["port"] for p in rule["ports"]} == set(ports.values())
+    assert rule["from"] == [
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "kvgate-gateway"}}}
+    ]
+
+
+def test_vllm_gateway_is_the_slim_image_configured_for_the_servers() -> None:
+    sts = _vllm("StatefulSet", "kvgate-vllm")
+    gw = _vllm("Deployment", "kvgate-gateway")
+    pod = gw["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"].startswith("kvgate-gateway:")  # the slim image, no torch
+    config = _vllm("ConfigMap", "kvgate-vllm-config")["data"]
+    assert [s["configMapRef"]["name"] for s in c["envFrom"] if "configMapRef" in s][-1] == (
+        "kvgate-vllm-config"
+    )  # the last source wins: KVGATE_WORKERS here, not the kvgate variant's
+    assert config["KVGATE_BACKEND"] == "vllm"
+    pods = [f"{sts['metadata']['name']}-{i}.{sts['spec']['serviceName']}" for i in range(2)]
+    assert sts["spec"]["replicas"] == 2
+    assert config["KVGATE_WORKERS"] == ",".join(f"http://{p}:8000" for p in pods)
+    events = [e.split("|") for e in config["KVGATE_KV_EVENTS"].split(",")]
+    assert events == [[f"tcp://{p}:5557", f"tcp://{p}:5558"] for p in pods]  # the same order
+    token = {e["name"]: e for e in c["env"]}["KVGATE_WORKER_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert token == {"name": "kvgate-secrets", "key": "KVGATE_WORKER_TOKEN"}
+    # the tokenizer from the volume the servers load the model from
+    mount = {m["name"]: m for m in c["volumeMounts"]}["models"]
+    assert config["KVGATE_MODEL"].startswith(mount["mountPath"] + "/") and mount["readOnly"]
+    claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]}
+    server_claims = {
+        v["persistentVolumeClaim"]["claimName"]
+        for v in sts["spec"]["template"]["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    }
+    assert claims == server_claims == {"kvgate-models"}
+    served = _flag(sts["spec"]["template"]["spec"]["containers"][0]["args"], "--model")
+    assert served == config["KVGATE_MODEL"]
+    names = {k for k in config if k.startswith("KVGATE_")} | {e["name"] for e in c["env"]}
+    assert names <= _settings_names(), names - _settings_names()
+
+
+def test_compose_vllm_profile_puts_the_gateway_in_front_of_two_servers() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    servers = [n for n, s in services.items() if "vllm" in s.get("profiles", []) and "image" in s]
+    assert len(servers) == 2
+    gw = services["gateway-vllm"]
+    assert gw["profiles"] == ["vllm"] and gw["build"]["target"] == "gateway"
+    env = gw["environment"]
+    assert env["KVGATE_BACKEND"] == "vllm"
+    assert env["KVGATE_WORKERS"] == ",".join(f"http://{s}:8000" for s in servers)
+    events = [e.split("|")[0] for e in env["KVGATE_KV_EVENTS"].split(",")]
+    assert events == [f"tcp://{s}:5557" for s in servers]
+    for s in servers:
+        assert services[s]["environment"]["VLLM_API_KEY"] == env["KVGATE_WORKER_TOKEN"]
+        assert "ports" not in services[s]
+        assert "--enable-prompt-tokens-details" in services[s]["command"]
+    names = {k for k in env if k.startswith("KVGATE_")}
+    assert names <= _settings_names(), names - _settings_names()
+    # the default profile is unchanged: `docker compose up` starts no vLLM server
+    assert all(services[n].get("profiles") for n in [*servers, "gateway-vllm"])
