@@ -54,6 +54,14 @@ class ItemNotFound(TenantStoreError):
         super().__init__(f"item {item_id!r} not found", param="item_id")
 
 
+class OwnerGone(TenantStoreError):
+    """A write whose tenant or conversation was deleted meanwhile (its row's reference is
+    gone: a key still cached by a gateway after its tenant's deletion, say)."""
+
+    def __init__(self) -> None:
+        super().__init__("the tenant or conversation of this request no longer exists")
+
+
 def new_id(prefix: str) -> str:
     """``conv_`` / ``resp_`` / ``msg_`` ... + 48 random hex digits (OpenAI's ids' shape)."""
     return f"{prefix}_{secrets.token_hex(24)}"

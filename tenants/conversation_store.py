@@ -39,9 +39,13 @@ the conversation's response ids.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from tenants.conversation_records import (
     ConversationPage,
@@ -50,6 +54,7 @@ from tenants.conversation_records import (
     NewItem,
     NewResponse,
     Order,
+    OwnerGone,
     OwnerScope,
     Page,
     Purged,
@@ -79,6 +84,8 @@ from tenants.stored_responses import (
     save_response,
 )
 
+_T = TypeVar("_T")
+
 
 @dataclass(frozen=True)
 class ConversationStore:
@@ -86,10 +93,18 @@ class ConversationStore:
 
     store: TenantStore
 
+    async def _write(self, fn: Callable[[AsyncSession], Awaitable[_T]]) -> _T:
+        """One unit of work; a reference to a row deleted meanwhile is ``OwnerGone``, not a
+        database error."""
+        try:
+            return await self.store.write(fn)
+        except IntegrityError:
+            raise OwnerGone() from None
+
     async def create_conversation(
         self, scope: OwnerScope, metadata: dict[str, str], items: Sequence[NewItem] = ()
     ) -> ConversationRecord:
-        return await self.store.write(lambda s: create_conversation(s, scope, metadata, items))
+        return await self._write(lambda s: create_conversation(s, scope, metadata, items))
 
     async def get_conversation(self, scope: Scope, conv_id: str) -> ConversationRecord:
         return await self.store.read(lambda s: get_conversation(s, scope, conv_id))
@@ -97,10 +112,10 @@ class ConversationStore:
     async def update_conversation(
         self, scope: Scope, conv_id: str, metadata: dict[str, str]
     ) -> ConversationRecord:
-        return await self.store.write(lambda s: update_conversation(s, scope, conv_id, metadata))
+        return await self._write(lambda s: update_conversation(s, scope, conv_id, metadata))
 
     async def delete_conversation(self, scope: Scope, conv_id: str) -> Purged:
-        return await self.store.write(lambda s: delete_conversation(s, scope, conv_id))
+        return await self._write(lambda s: delete_conversation(s, scope, conv_id))
 
     async def list_conversations(
         self, scope: Scope, *, limit: int = 20, after: str | None = None, order: Order = "desc"
@@ -112,7 +127,7 @@ class ConversationStore:
     async def append_items(
         self, scope: OwnerScope, conv_id: str, items: Sequence[NewItem]
     ) -> tuple[ItemRecord, ...]:
-        return await self.store.write(lambda s: append_items(s, scope, conv_id, items))
+        return await self._write(lambda s: append_items(s, scope, conv_id, items))
 
     async def list_items(
         self,
@@ -131,19 +146,19 @@ class ConversationStore:
         return await self.store.read(lambda s: get_item(s, scope, conv_id, item_id))
 
     async def delete_item(self, scope: Scope, conv_id: str, item_id: str) -> None:
-        await self.store.write(lambda s: delete_item(s, scope, conv_id, item_id))
+        await self._write(lambda s: delete_item(s, scope, conv_id, item_id))
 
     async def conversation_history(self, scope: Scope, conv_id: str) -> tuple[ItemRecord, ...]:
         return await self.store.read(lambda s: conversation_history(s, scope, conv_id))
 
     async def save_response(self, new: NewResponse) -> ResponseRecord:
-        return await self.store.write(lambda s: save_response(s, new))
+        return await self._write(lambda s: save_response(s, new))
 
     async def get_response(self, scope: Scope, response_id: str) -> ResponseRecord:
         return await self.store.read(lambda s: get_response(s, scope, response_id))
 
     async def delete_response(self, scope: Scope, response_id: str) -> None:
-        await self.store.write(lambda s: delete_response(s, scope, response_id))
+        await self._write(lambda s: delete_response(s, scope, response_id))
 
     async def list_input_items(
         self,
@@ -162,7 +177,7 @@ class ConversationStore:
         return await self.store.read(lambda s: response_history(s, scope, response_id))
 
     async def delete_owner(self, tenant_id: str, owner: str) -> Purged:
-        return await self.store.write(lambda s: delete_owner(s, tenant_id, owner))
+        return await self._write(lambda s: delete_owner(s, tenant_id, owner))
 
     async def purge_expired(self, now: datetime, default_days: int | None) -> Purged:
-        return await self.store.write(lambda s: purge_expired(s, now, default_days))
+        return await self._write(lambda s: purge_expired(s, now, default_days))

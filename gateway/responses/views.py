@@ -41,6 +41,7 @@ from tenants.conversation_records import (
     ItemNotFound,
     NewItem,
     Order,
+    OwnerGone,
     OwnerScope,
     ResponseNotFound,
 )
@@ -245,7 +246,7 @@ async def delete_item(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    for exc in (ConversationNotFound, ResponseNotFound, ItemNotFound):
+    for exc in (ConversationNotFound, ResponseNotFound, ItemNotFound, OwnerGone):
         register_error(exc, 404, "invalid_request_error", "not_found")
     r = app.router
     r.add_post("/v1/responses", create_response)

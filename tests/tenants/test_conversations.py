@@ -15,6 +15,7 @@ from tenants.conversation_records import (
     ItemNotFound,
     NewItem,
     NewResponse,
+    OwnerGone,
     OwnerScope,
     ResponseNotFound,
     Tail,
@@ -214,3 +215,8 @@ async def test_tenant_deletion_takes_its_conversations(
     async with store.sessions() as session, session.begin():
         await session.delete(await session.get(Tenant, tenant))
     assert (await conv.list_conversations(TenantScope(tenant))).conversations == ()
+    # A gateway that still knows the deleted tenant's key writes nothing, and says why.
+    with pytest.raises(OwnerGone):
+        await conv.create_conversation(scope, {}, [msg("late")])
+    with pytest.raises(OwnerGone):
+        await conv.save_response(response(scope, "q", "a"))
