@@ -113,6 +113,8 @@ class Tenant(Base):
     # off for every request; the retention in days (NULL: KVGATE_CONVERSATION_RETENTION_DAYS).
     conversation_store: Mapped[bool] = mapped_column(Boolean, default=True)
     conversation_retention_days: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Through vLLM, a cache salt per visitor instead of the tenant's (migrations/versions/0012_*).
+    vllm_visitor_salt: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class ApiKey(Base):

@@ -44,6 +44,7 @@ def tenant_out(tenant: Tenant, keys: list[ApiKey] | None = None) -> TenantOut:
         keys=None if keys is None else [KeyOut.model_validate(k) for k in keys],
         conversation_store=tenant.conversation_store,
         conversation_retention_days=tenant.conversation_retention_days,
+        vllm_visitor_salt=tenant.vllm_visitor_salt,
     )
 
 

@@ -77,6 +77,8 @@ class TenantRuntime:
     visitor_limits: Limits = field(default_factory=Limits)
     tool_policy: ToolPolicy = ToolPolicy()
     conversations: ConversationPolicy = ConversationPolicy()
+    # vLLM backend: a cache salt per visitor, not the tenant's (gateway/chat/cache_scope.py)
+    vllm_visitor_salt: bool = False
 
 
 async def authenticate_key(session: AsyncSession, secret: str) -> KeyIdentity | None:
@@ -167,6 +169,7 @@ def _runtime(tenant: Tenant, prompt: SystemPrompt | None, defaults: Limits) -> T
         conversations=ConversationPolicy(
             store=tenant.conversation_store, retention_days=tenant.conversation_retention_days
         ),
+        vllm_visitor_salt=tenant.vllm_visitor_salt,
     )
 
 

@@ -113,6 +113,11 @@ class TenantPatch(_In):
         description="days a stored conversation is kept after its last turn; 0: the gateway's "
         "KVGATE_CONVERSATION_RETENTION_DAYS",
     )
+    vllm_visitor_salt: bool | None = Field(
+        default=None,
+        description="on the vLLM backend, a cache salt per visitor: visitors isolated, the tenant "
+        "prefix recomputed per visitor (kvgate's own engine ignores it: it already isolates them)",
+    )
 
 
 class PromptSet(_In):
@@ -289,6 +294,7 @@ class TenantOut(_Out):
     keys: list[KeyOut] | None = None
     conversation_store: bool = True
     conversation_retention_days: int | None = None
+    vllm_visitor_salt: bool = False
 
 
 class PromptOut(_Out):

@@ -57,6 +57,7 @@ _PATCH_GROUPS: dict[str, SettingGroup] = {
     "allow_client_system": "policy",
     "conversation_store": "policy",
     "conversation_retention_days": "policy",
+    "vllm_visitor_salt": "policy",
 }
 
 

@@ -21,6 +21,11 @@ end users through one key passes ``user`` (any stable opaque id) to keep them ap
 
 salt = HMAC-SHA256(tenant cache salt, identity) (16 bytes): workers see neither an end-user id nor
 an address, and the salts of one tenant say nothing about another's.
+
+On the vLLM backend a scope sharing the tenant prefix is served under the tenant's salt (vLLM
+salts a whole prompt or nothing: engine/remote/vllm_wire.py). A tenant with ``vllm_visitor_salt``
+gets scopes that share no token there, so each visitor's requests carry a salt of their own
+(``shared_with_tenant``); kvgate's own engine keeps the tenant prefix shared either way.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from engine.api import CacheScope
 from gateway.access.auth import Principal
 from gateway.access.visitor import request_visitor
 from gateway.context import SETTINGS
+from tenants.runtime import TenantRuntime
 
 SALT_BYTES = 16
 
@@ -53,6 +59,21 @@ def derive(cache_salt: str, identity: str, shared_tokens: int) -> CacheScope:
     return CacheScope(mac[:SALT_BYTES], shared_tokens)
 
 
+def shared_with_tenant(backend: str, runtime: TenantRuntime, shared_tokens: int) -> int:
+    """The prompt tokens a scope shares with the tenant's other visitors: the tenant prefix's,
+    or none on the vLLM backend for a tenant with ``vllm_visitor_salt`` (a salt per visitor)."""
+    if backend == "vllm" and runtime.vllm_visitor_salt:
+        return 0
+    return shared_tokens
+
+
+def scope_for(request: web.Request, principal: Principal, identity: str, shared: int) -> CacheScope:
+    """The scope of ``identity`` for the running backend; ``shared``: the tenant prefix's length."""
+    backend = request.app[SETTINGS].cluster.backend
+    runtime = principal.runtime
+    return derive(runtime.cache_salt, identity, shared_with_tenant(backend, runtime, shared))
+
+
 def request_cache_scope(
     request: web.Request, principal: Principal, user: str | None, shared_tokens: int
 ) -> CacheScope:
@@ -61,4 +82,4 @@ def request_cache_scope(
     if principal.is_widget and principal.end_user_id is None:
         address = request_visitor(request, request.app[SETTINGS].ratelimit)
     identity = end_user_identity(principal, user, address)
-    return derive(principal.runtime.cache_salt, identity, shared_tokens)
+    return scope_for(request, principal, identity, shared_tokens)

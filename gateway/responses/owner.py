@@ -24,7 +24,7 @@ from aiohttp import web
 from engine.api import GenerateOptions, PriorityRange
 from gateway.access.auth import Principal
 from gateway.access.visitor import request_visitor
-from gateway.chat.cache_scope import derive, end_user_identity
+from gateway.chat.cache_scope import end_user_identity, scope_for
 from gateway.context import SETTINGS
 from tenants.conversation_records import OwnerScope
 
@@ -61,7 +61,7 @@ def conversation_options(
     identity = end_user_identity(principal, user, address)
     if cache_key is not None:
         identity = f"{identity}\x1fprompt_cache_key:{cache_key}"
-    scope = derive(principal.runtime.cache_salt, identity, shared)
+    scope = scope_for(request, principal, identity, shared)
     priority = RETENTION.get(retention, CONVERSATION_PRIORITY)
     ranges = (PriorityRange(shared, None, priority),)
     return dataclasses.replace(options, cache_scope=scope, priorities=ranges)

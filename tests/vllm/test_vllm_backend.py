@@ -167,3 +167,30 @@ async def test_structured_output_and_a_tool_round_trip(gw: LiveGateway) -> None:
             model=model, messages=USER, tools=tools, tool_choice="required", max_tokens=20
         )
     assert err.value.status_code == 400 and err.value.body["param"] == "tool_choice"
+
+
+async def test_visitors_share_the_cache_unless_salted_each(gw: LiveGateway) -> None:
+    """Off (the default): visitors of a tenant share its salt, so visitor B sending visitor A's
+    exact text is served A's blocks. On (``vllm_visitor_salt``): a salt per visitor, so B gets
+    nothing cached, not even the tenant prefix, which each visitor computes for itself."""
+    model = gw.state.model_name
+    shared = await gw.create_tenant("visitors-shared", system_prompt=SYSTEM)
+    split = await gw.create_tenant("visitors-split", system_prompt=SYSTEM)
+    await gw.admin("PATCH", f"/tenants/{split.id}", {"vllm_visitor_salt": True})
+    info = await gw.wait_pinned(shared.id, timeout=120)
+    await gw.wait_pinned(split.id, timeout=120)
+
+    async def cached(key: str, user: str) -> int:
+        out = await gw.openai(key).chat.completions.create(
+            model=model, messages=USER, max_tokens=2, temperature=0, user=user
+        )
+        assert out.usage is not None and out.usage.prompt_tokens_details is not None
+        return out.usage.prompt_tokens_details.cached_tokens or 0
+
+    # off: ann's text is served to bob from the tenant's blocks (its prefix at least)
+    assert await cached(shared.key, "ann") >= info["pinned_tokens"]
+    assert await cached(shared.key, "bob") >= info["pinned_tokens"]
+    # on: the tenant prefix prewarmed under the tenant's salt is no visitor's
+    assert await cached(split.key, "ann") == 0
+    assert await cached(split.key, "ann") >= BLOCK  # ann's own blocks: her salt is stable
+    assert await cached(split.key, "bob") == 0  # ann's exact text, nothing of hers

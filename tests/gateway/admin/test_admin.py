@@ -184,6 +184,22 @@ async def test_patch_and_delete(api: TestClient, store: TenantStore) -> None:
     assert out["status"] == "active" and await store.authenticate_key(key) is not None
 
 
+async def test_patch_the_vllm_visitor_salt(api: TestClient, store: TenantStore) -> None:
+    out = await call(api, "POST", "/tenants", 201, json={"id": "acme", "name": "Acme"})
+    assert out["vllm_visitor_salt"] is False  # off by default: the tenant's salt for all
+    out = await call(api, "PATCH", "/tenants/acme", 200, json={"vllm_visitor_salt": True})
+    assert out["vllm_visitor_salt"] is True
+    assert (await call(api, "GET", "/tenants/acme", 200))["vllm_visitor_salt"] is True
+    rt = await store.get_tenant_runtime("acme")
+    assert rt is not None and rt.vllm_visitor_salt is True  # what the chat path reads
+    bad = await call(api, "PATCH", "/tenants/acme", 422, json={"vllm_visitor_salt": "maybe"})
+    assert error(bad)["param"] == "vllm_visitor_salt"
+    out = await call(api, "PATCH", "/tenants/acme", 200, json={"vllm_visitor_salt": False})
+    assert out["vllm_visitor_salt"] is False
+    rt = await store.get_tenant_runtime("acme")
+    assert rt is not None and rt.vllm_visitor_salt is False
+
+
 async def test_system_prompts(api: TestClient, store: TenantStore) -> None:
     await call(
         api, "POST", "/tenants", 201, json={"id": "acme", "name": "Acme", "system_prompt": "one"}

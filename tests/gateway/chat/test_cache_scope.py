@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from engine.remote.vllm_wire import vllm_salt
 from gateway.access.auth import Principal
-from gateway.chat.cache_scope import SALT_BYTES, derive, end_user_identity
+from gateway.chat.cache_scope import SALT_BYTES, derive, end_user_identity, shared_with_tenant
 from tenants.runtime import KeyIdentity, TenantRuntime
 from tenants.settings import Limits
 
@@ -29,3 +32,28 @@ def test_salts_are_keyed_by_the_tenant_secret_and_hide_the_id() -> None:
     assert a.salt_bytes != derive("salt-1", "user:bob", 40).salt_bytes
     assert a.salt_bytes != derive("salt-2", "user:ann", 40).salt_bytes  # another tenant
     assert b"ann" not in a.salt_bytes
+
+
+def _vllm_salt(backend: str, on: bool, identity: str, salt: str = "salt-1") -> str:
+    """The cache_salt a request of ``identity`` carries to vLLM (the tenant prefix: 300 tokens)."""
+    rt = dataclasses.replace(principal("server", salt=salt).runtime, vllm_visitor_salt=on)
+    return vllm_salt(salt, derive(salt, identity, shared_with_tenant(backend, rt, 300)))
+
+
+def test_the_vllm_salt_is_per_visitor_only_with_the_tenant_setting() -> None:
+    tenant_only = vllm_salt("salt-1", None)
+    # off: every visitor of the tenant carries the tenant's salt
+    assert _vllm_salt("vllm", False, "user:ann") == _vllm_salt("vllm", False, "user:bob")
+    assert _vllm_salt("vllm", False, "user:ann") == tenant_only
+    # on: distinct per visitor, stable for one, never the tenant's nor the raw secret
+    ann, bob = _vllm_salt("vllm", True, "user:ann"), _vllm_salt("vllm", True, "user:bob")
+    assert ann != bob and ann == _vllm_salt("vllm", True, "user:ann")
+    assert tenant_only not in (ann, bob)
+    assert ann != _vllm_salt("vllm", True, "user:ann", salt="salt-2")  # another tenant's
+    for digest in (ann, bob, tenant_only):
+        assert len(digest) == 32 and int(digest, 16) >= 0  # 32 hex: what vLLM takes
+        assert "salt-1" not in digest and "ann" not in digest
+    # kvgate's own engine: the setting changes nothing, the tenant prefix stays shared
+    rt = dataclasses.replace(principal("server").runtime, vllm_visitor_salt=True)
+    assert shared_with_tenant("kvgate", rt, 300) == 300
+    assert shared_with_tenant("vllm", rt, 300) == 0
