@@ -129,6 +129,7 @@ async def run_policy(policy: str, eng: Any, load: Load, salt: str) -> PolicyRun:
             except PinRejected as exc:
                 run.pin_refusals.append(f"t{t}: {exc}")
         await eng.settle()
+        await eng.placer.warmed()  # the start's prefills of unplaced prompts: before traffic
         run.pins = len(eng.placer.pins)
         run.pinned_anywhere = sum(1 for p in eng.placer.pins.values() if p.handles)
     else:

@@ -24,7 +24,11 @@ from engine.remote.messages import KvEvent, WorkerInfo, WorkerLoad
 
 class ReplicaClient(Protocol):
     url: str
-    rewarms: int  # prompts warmed again after their blocks were evicted (a worker pins: 0)
+
+    @property
+    def rewarms(self) -> int:
+        """Prompts warmed again after their blocks were evicted (a worker pins: 0)."""
+        ...
 
     @property
     def calls_endpoint(self) -> str:

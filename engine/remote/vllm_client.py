@@ -6,7 +6,8 @@
     events           its ZMQ KV-event publisher (kv_subscriber.py; KVGATE_KV_EVENTS, else
                      GET /kv_event_sources), in the gateway's keys (vllm_keys.py)
     pin / unpin      vLLM has no pin: the prompt is prewarmed (a one-token completion under its
-                     salt) and warmed again whenever the events say one of its blocks left
+                     salt) and warmed again when the events say one of its blocks left, as
+                     vllm_rewarm.py allows (recent tenants, an idle server, one at a time)
     forget           nothing to forget (no disk snapshots): False
 
 Failures, as the cluster sorts them (client.py): ``WorkerUnavailable`` when nothing was delivered
@@ -36,11 +37,13 @@ from engine.remote.kv_subscriber import KVEventEndpoint, KVEventSubscriber
 from engine.remote.messages import PROTOCOL, KvEvent, Removed, WorkerInfo, WorkerLoad
 from engine.remote.vllm_keys import VllmKeyMap
 from engine.remote.vllm_probe import ServerMetrics, event_sources, parse_metrics, served_model
+from engine.remote.vllm_rewarm import Kept, Rewarmer
 from engine.remote.vllm_stream import StreamState, rejection
 from engine.remote.vllm_wire import completion_body, vllm_salt
 
 log = structlog.get_logger(__name__)
 PIN_BUDGET_FRACTION = 0.5  # of a server's KV blocks, prompts the placement keeps warm there
+REWARM_PRIORITY = 1 << 20  # vLLM runs lower values first: a re-warm after every request
 _PIN_IDS = itertools.count(1)
 
 
@@ -57,7 +60,6 @@ class WarmPrompt:
     namespace: str
     token_ids: tuple[int, ...]
     keys: frozenset[str]
-    task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
 class VllmClient:
@@ -79,11 +81,18 @@ class VllmClient:
         self._priority = priority
         self.model = ""
         self.block_size = 0
+        self.num_blocks = 0  # the server's KV cache
         self._boot = ""
         self._flights: dict[str, _Flight] = {}  # request id -> its stream
         self.warm: dict[int, WarmPrompt] = {}  # pin id -> prompt
-        self.rewarms = 0  # prompts warmed again after the server dropped some of their blocks
+        self.rewarmer = Rewarmer(self._rewarm, lambda: self._requests > 0, self._kept)
+        self._requests = 0  # in flight, re-warms not counted
         self.served = 0
+
+    @property
+    def rewarms(self) -> int:
+        """Prompts warmed again after the server dropped some of their blocks."""
+        return self.rewarmer.done
 
     @property
     def calls_endpoint(self) -> str:
@@ -116,6 +125,7 @@ class VllmClient:
             raise WorkerUnavailable(str(exc)) from None
         metrics = await self.metrics()
         self.block_size = metrics.block_size
+        self.num_blocks = metrics.num_blocks
         self._boot = _boot_id(metrics)
         budget = int(metrics.num_blocks * PIN_BUDGET_FRACTION)
         return WorkerInfo(
@@ -135,11 +145,29 @@ class VllmClient:
         self, token_ids: Sequence[int], params: SamplingParams, options: GenerateOptions
     ) -> AsyncGenerator[RequestOutput, None]:
         """Outputs as the server streams tokens; the last carries ``cached_tokens``."""
+        self.rewarmer.used(options.namespace)
+        self._requests += 1
+        try:
+            async for out in self._stream(token_ids, params, options, None):
+                yield out
+        finally:
+            self._requests -= 1
+            self.rewarmer.kick()
+
+    async def _stream(
+        self,
+        token_ids: Sequence[int],
+        params: SamplingParams,
+        options: GenerateOptions,
+        priority: int | None,
+    ) -> AsyncGenerator[RequestOutput, None]:
         rid = request_id_or_new(options.request_id)
         if not self.model:
             await self.info()
         ids = list(token_ids)
         body = completion_body(self.model, ids, params, options, priority=self._priority)
+        if priority is not None and self._priority:
+            body["priority"] = priority
         state = StreamState(rid, len(ids), params.logprobs)
         flight = _Flight()
         self._flights[rid] = flight
@@ -212,7 +240,7 @@ class VllmClient:
         if not self.block_size:
             await self.info()
         ids = tuple(token_ids)
-        await self._warm(namespace, ids)
+        await self._warm(namespace, ids, None)
         salt = vllm_salt(namespace, None)
         keys = frozenset(k.hex() for k in reusable_block_keys(salt, ids, self.block_size))
         pin_id = next(_PIN_IDS)
@@ -220,39 +248,35 @@ class VllmClient:
         return PinHandle(pin_id, namespace, (), len(keys) * self.block_size)
 
     async def unpin(self, handle: PinHandle) -> None:
-        prompt = self.warm.pop(handle.pin_id, None)
-        if prompt is not None and prompt.task is not None:
-            prompt.task.cancel()
+        self.warm.pop(handle.pin_id, None)  # a re-warm due for it is dropped
 
     async def forget(self, namespace: str) -> bool:
         return False  # vLLM keeps no disk snapshots
 
-    async def _warm(self, namespace: str, ids: tuple[int, ...]) -> None:
+    async def _warm(self, namespace: str, ids: tuple[int, ...], priority: int | None) -> None:
         params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         options = GenerateOptions(namespace, request_id_or_new(None))
-        async for _ in self.generate(ids, params, options):
+        async for _ in self._stream(ids, params, options, priority):
             pass
 
     def rewarm_after(self, events: list[KvEvent]) -> None:
+        """Kept prompts that lost a block are due to be warmed again (vllm_rewarm.py)."""
         gone = {e.key for e in events if isinstance(e, Removed)}
-        if not gone:
-            return
-        for prompt in self.warm.values():
-            if prompt.keys & gone and (prompt.task is None or prompt.task.done()):
-                prompt.task = asyncio.get_running_loop().create_task(self._rewarm(prompt))
+        if gone:
+            self.rewarmer.mark(p for p, w in self.warm.items() if w.keys & gone)
+            self.rewarmer.kick()
 
-    async def _rewarm(self, prompt: WarmPrompt) -> None:
-        self.rewarms += 1
-        try:
-            await self._warm(prompt.namespace, prompt.token_ids)
-        except EngineError as exc:  # the next request of the tenant computes it
-            log.info("vllm_rewarm_failed", server=self.url, error=type(exc).__name__)
+    def _kept(self) -> tuple[dict[int, Kept], int]:
+        kept = {p: Kept(w.namespace, len(w.keys)) for p, w in self.warm.items()}
+        return kept, self.num_blocks
+
+    async def _rewarm(self, pin_id: int) -> None:
+        prompt = self.warm.get(pin_id)
+        if prompt is not None:
+            await self._warm(prompt.namespace, prompt.token_ids, REWARM_PRIORITY)
 
     async def close(self) -> None:
-        tasks = [p.task for p in self.warm.values() if p.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.rewarmer.close()
 
 
 def _boot_id(metrics: ServerMetrics) -> str:

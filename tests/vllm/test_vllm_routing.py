@@ -103,7 +103,8 @@ async def test_a_prompt_whose_blocks_left_is_warmed_again(
     vllm_server: VllmServer, vllm_model: Path
 ) -> None:
     """The server's removal of a kept prompt's block (as its events would say it after an
-    eviction: a server of this size needs minutes of prefill to evict) warms it again."""
+    eviction: a server of this size needs minutes of prefill to evict) warms it again once its
+    tenant has had a request there (vllm_rewarm.py)."""
     import aiohttp
 
     async with aiohttp.ClientSession() as http:
@@ -113,12 +114,16 @@ async def test_a_prompt_whose_blocks_left_is_warmed_again(
         handle = await client.pin(ns, prompt)
         assert handle.num_tokens == 2 * BLOCK and client.rewarms == 0
         key = reusable_block_keys(vllm_salt(ns, None), prompt, BLOCK)[1].hex()
-        client.rewarm_after([Removed(key)])
-        (prompt_state,) = client.warm.values()
-        assert prompt_state.task is not None
-        await prompt_state.task
+        client.rewarm_after([Removed(key)])  # no request of the tenant yet: not warmed
+        await client.rewarmer.idle()
+        assert client.rewarms == 0
+        outs = [o async for o in client.generate([*prompt, 7], GREEDY, GenerateOptions(ns))]
+        assert outs[-1].num_cached_tokens == 2 * BLOCK
+        client.rewarm_after([Removed(key)])  # a recent tenant, an idle server: warmed again
+        await client.rewarmer.idle()
         assert client.rewarms == 1
         client.rewarm_after([Removed("00" * 16)])  # another prompt's block: nothing
+        await client.rewarmer.idle()
         assert client.rewarms == 1
         await client.unpin(handle)
         await client.close()
