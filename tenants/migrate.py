@@ -19,7 +19,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from tenants.db import is_unavailable, make_engine, unavailable
 from tenants.errors import SchemaOutdated
@@ -92,14 +92,42 @@ async def migrate_engine(
 ) -> None:
     """Run ``alembic <op> <target>`` (op: upgrade | downgrade) in one transaction."""
     try:
-        async with _migration_lock(engine), engine.begin() as conn:
-            if conn.dialect.name == "postgresql":
-                await conn.execute(_LOCK_PG, {"key": PG_MIGRATION_LOCK})
-            await conn.run_sync(_run, op, target, secrets)
+        async with _migration_lock(engine), engine.connect() as conn:
+            sqlite = conn.dialect.name == "sqlite"
+            if sqlite:
+                await _sqlite_foreign_keys(conn, on=False)
+            try:
+                async with conn.begin():
+                    if conn.dialect.name == "postgresql":
+                        await conn.execute(_LOCK_PG, {"key": PG_MIGRATION_LOCK})
+                    await conn.run_sync(_run, op, target, secrets)
+                    if sqlite:
+                        await _check_foreign_keys(conn)
+            finally:
+                if sqlite:
+                    await _sqlite_foreign_keys(conn, on=True)
     except Exception as exc:
         if is_unavailable(exc):
             raise unavailable(exc) from exc
         raise
+
+
+async def _sqlite_foreign_keys(conn: AsyncConnection, *, on: bool) -> None:
+    """SQLite's foreign keys off while migrating: batch mode rebuilds a table (copy, DROP, rename),
+    and with them on the DROP deletes every row, cascading into each table that refers to it
+    (a tenant's keys, prompts and MCP servers). Outside a transaction: SQLite ignores the pragma
+    inside one."""
+    await conn.exec_driver_sql(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
+    await conn.commit()
+
+
+async def _check_foreign_keys(conn: AsyncConnection) -> None:
+    """The references the migration left must hold (else it is rolled back)."""
+    broken = (await conn.exec_driver_sql("PRAGMA foreign_key_check")).fetchall()
+    if broken:
+        raise RuntimeError(
+            f"migration left {len(broken)} broken references, e.g. {tuple(broken[0])}"
+        )
 
 
 async def upgrade_to_head(url: str, secrets: SecretsSettings | None = None) -> None:

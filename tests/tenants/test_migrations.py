@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from tenants.db import make_engine
 from tenants.errors import SchemaOutdated, StoreUnavailable
@@ -137,3 +137,34 @@ def test_concurrent_first_starts_on_one_sqlite_file(tmp_path: Path) -> None:
     ]
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, "\n".join(errors)
+
+
+async def test_a_rebuilt_tenants_table_keeps_every_row_that_refers_to_it(tmp_path: Path) -> None:
+    """SQLite rebuilds ``tenants`` for a new column (copy, DROP, rename): with foreign keys on
+    while migrating, the DROP deleted every key, prompt and MCP server through their cascades."""
+    engine = make_engine(f"sqlite+aiosqlite:///{tmp_path / 'old.db'}")
+    try:
+        await migrate_engine(engine, "upgrade", "0009_sealed_secrets")
+        async with engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO tenants (id, name, status, created_at, updated_at, cache_salt,"
+                    " allow_client_system) VALUES ('t1', 't1', 'active', CURRENT_TIMESTAMP,"
+                    " CURRENT_TIMESTAMP, 'salt', false)"
+                )
+            )
+            await conn.execute(
+                text(
+                    "INSERT INTO mcp_servers (id, tenant_id, url, bearer, tools, created_at)"
+                    " VALUES ('mcp_1', 't1', 'https://m.example.com/', NULL, '[]',"
+                    " CURRENT_TIMESTAMP)"
+                )
+            )
+        await migrate_engine(engine, "upgrade", "head")
+        async with engine.connect() as conn:
+            servers = (await conn.execute(text("SELECT id FROM mcp_servers"))).scalars().all()
+            checks = (await conn.execute(text("PRAGMA foreign_keys"))).scalar()
+    finally:
+        await engine.dispose()
+    assert servers == ["mcp_1"]
+    assert checks == 1  # on again for whatever the pool hands out next

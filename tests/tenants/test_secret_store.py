@@ -125,9 +125,17 @@ async def _old_database(url: str) -> TenantStore:
     await migrate_engine(engine, "upgrade", "0008_budget_soft_webhook")
     await engine.dispose()
     s = TenantStore.open(url)
-    tenant = await make_tenant(s, "old")
+    tenant = "old"
     async with s.engine.begin() as conn:
-        await conn.execute(text("UPDATE tenants SET tool_secret = :v"), {"v": "c" * 64})
+        # the row as 0008 knows it: the ORM's model holds columns of later revisions
+        await conn.execute(
+            text(
+                "INSERT INTO tenants (id, name, status, created_at, updated_at, cache_salt,"
+                " allow_client_system, tool_secret) VALUES (:t, :t, 'active', CURRENT_TIMESTAMP,"
+                " CURRENT_TIMESTAMP, :salt, false, :v)"
+            ),
+            {"t": tenant, "salt": "s" * 64, "v": "c" * 64},
+        )
         await conn.execute(
             text(
                 "INSERT INTO mcp_servers (id, tenant_id, url, bearer, tools, created_at) "
