@@ -195,7 +195,7 @@ async def prepare(
     plan = plan_output(
         tools, choice, body.parallel_tool_calls, body.response_format, tok.chat_template
     )
-    plan = for_engine(plan, state.engine.info.grammars, choice)
+    plan = for_engine(plan, state.engine.info.grammars, choice, body.parallel_tool_calls)
     # The tenant's tools are in its prefix; a fallback template gets the client's after them.
     rendered = tools if plan.native else client_tools
     limit = rt.limits.max_concurrency  # requests that may wait for the pool, as for the engine
@@ -211,7 +211,9 @@ async def prepare(
         if ids is None:
             rendering = plan.rendering(body.messages, rendered)
             ids = assemble(tok, entry.prefix, body.messages, max_len, rendering=rendering)
-        elif len(ids) >= max_len:
+        if plan.primer:  # a primed call's opening: the answer's start
+            ids = [*ids, *plan.primer_ids(tok)]
+        if len(ids) >= max_len:
             raise context_length_error(max_len, len(ids))
         check_plan(plan, tok)  # compiled above (or before): a lookup in the compile cache
         return ids

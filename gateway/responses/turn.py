@@ -279,7 +279,14 @@ class ResponsesTurn:
         if ready is not None and answer_ids is not None and self.prefix is not None:
             assert self.tokenizer is not None
             digest_ = self._digest(self.prefix)
-            tail = tail_of(self.tokenizer, self.prefix, ready.prompt_ids, answer_ids, digest_)
+            tail = tail_of(
+                self.tokenizer,
+                self.prefix,
+                ready.prompt_ids,
+                answer_ids,
+                digest_,
+                ready.plan.closer,
+            )
         new = NewResponse(
             id=self.rid,
             scope=self.scope,

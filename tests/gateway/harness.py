@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -23,6 +24,7 @@ from aiohttp import web
 from openai import AsyncOpenAI
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from engine.remote.vllm_wire import VLLM_GRAMMARS
 from engine.serving.async_engine import AsyncEngine
 from gateway.app import create_app
 from gateway.context import STATE, TELEMETRY
@@ -43,6 +45,15 @@ async def wait_for(cond: Any, timeout: float = 5.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.01)
+
+
+def enforce_as_vllm(mp: pytest.MonkeyPatch) -> None:
+    """In-process engines report the grammar kinds vLLM enforces (no Lark) while ``mp`` holds."""
+    info = AsyncEngine.info
+    assert isinstance(info, property) and info.fget is not None
+    getter = info.fget
+    as_vllm = property(lambda self: dataclasses.replace(getter(self), grammars=VLLM_GRAMMARS))
+    mp.setattr(AsyncEngine, "info", as_vllm)
 
 
 def slow_engine_steps(gw: LiveGateway, monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import openai
 import pytest
 
 from tests.gateway.harness import LiveGateway
@@ -161,12 +160,17 @@ async def test_structured_output_and_a_tool_round_trip(gw: LiveGateway) -> None:
     )
     assert answer.usage.prompt_tokens > first.usage.prompt_tokens
     assert answer.choices[0].message.content or answer.choices[0].message.tool_calls
-    # a forced call needs the call grammar: refused, naming the parameter
-    with pytest.raises(openai.BadRequestError) as err:
-        await client.chat.completions.create(
-            model=model, messages=USER, tools=tools, tool_choice="required", max_tokens=20
+    # a forced call: primed (the call block's opening ends the prompt) and held to the call's
+    # JSON schema by vLLM's structured outputs; required and named alike
+    named = {"type": "function", "function": {"name": "opening_hours"}}
+    for choice in ("required", named):
+        forced = await client.chat.completions.create(
+            model=model, messages=USER, tools=tools, tool_choice=choice, max_tokens=60
         )
-    assert err.value.status_code == 400 and err.value.body["param"] == "tool_choice"
+        assert forced.choices[0].finish_reason == "tool_calls", forced
+        for call in forced.choices[0].message.tool_calls or []:
+            assert call.function.name == "opening_hours"
+            assert isinstance(json.loads(call.function.arguments)["day"], str)
 
 
 async def test_visitors_share_the_cache_unless_salted_each(gw: LiveGateway) -> None:

@@ -54,7 +54,9 @@ def next_prompt(
     answer_text: str,
     results: Sequence[tuple[str, str]],
 ) -> list[int]:
-    """``conversation``: the client's messages (earlier rounds' turns are in ``last_ids``)."""
+    """``conversation``: the client's messages (earlier rounds' turns are in ``last_ids``; a
+    primed answer's opening among them, its closing added here)."""
+    closer = plan.closer
     tools = tool_messages(results)
     marked = [*conversation, ChatMessage(role="assistant", content=MARKER), *tools]
     rendering = plan.rendering(marked, rendered)
@@ -63,9 +65,11 @@ def next_prompt(
     full = tok.apply_chat_template(convo, add_generation_prompt=True, marked=True, **extra)
     at = full.rfind(MARKER)
     if at < 0 or full.count(MARKER) != 1:
-        whole = [*conversation, ChatMessage(role="assistant", content=answer_text), *tools]
+        text = plan.primer + answer_text + closer
+        whole = [*conversation, ChatMessage(role="assistant", content=text), *tools]
         return assemble(tok, prefix, whole, rendering=plan.rendering(whole, rendered))
     ids = list(answer_ids)
     if ids and ids[-1] in tok.eos_token_ids:
         ids.pop()  # the template writes its own end of turn
-    return [*last_ids, *ids, *tok.encode_marked(full[at + len(MARKER) :])]
+    closing = tok.encode(closer) if closer else []
+    return [*last_ids, *ids, *closing, *tok.encode_marked(full[at + len(MARKER) :])]

@@ -39,6 +39,19 @@ class ToolFormat:
     pad: str  # between a block's tags and its JSON (hermes: a newline on each side)
     fallback: str  # system text for templates without tool support
     tool_role: str  # the role a tool result takes in the fallback rendering
+    # The answer starts inside a call block: its opening (``primer``) ends the prompt, and the
+    # model writes the block's JSON, held to it by a JSON schema (gateway/chat/tools/plan.py).
+    primed: bool = False
+
+    @property
+    def primer(self) -> str:
+        """The text that opens a call block, up to its JSON."""
+        return self.open + self.pad if self.open is not None else ""
+
+    @property
+    def closer(self) -> str:
+        """The text after a block's JSON that closes it."""
+        return self.pad + self.close if self.close is not None else ""
 
 
 _HERMES_PROMPT = """# Tools

@@ -67,6 +67,14 @@ def tool_grammar(
     return Grammar("lark", "\n".join(lines) + "\n")
 
 
+def forced_call_schema(tools: Sequence[ToolDef], fmt: ToolFormat, many: bool) -> Grammar:
+    """A forced call as a JSON schema, for engines without the Lark dialect (vLLM): what one
+    call block holds, its opening already in the prompt (``ToolFormat.primed``). One call, or
+    for array formats as many as ``many`` allows."""
+    body = calls_schema(tools, fmt, many=many and fmt.array, empty=False)
+    return Grammar("json_schema", json.dumps(body, ensure_ascii=False))
+
+
 def _rules(fmt: ToolFormat, mode: str, many: bool) -> list[str]:
     more = " (sep call)*" if many and not fmt.array else ""
     if fmt.open is None:  # llama3: bare objects, separated

@@ -97,6 +97,8 @@ class ToolCallParser:
         self._after = False  # a block's JSON ended: its closing tag comes next
         self._plain = False  # Llama 3: the answer (or its rest) is not calls: all content
         self._started = False
+        if fmt.primed and fmt.open is not None:  # the opening was the prompt's: a block is open
+            self._block = self._new_block(fmt.primer)
 
     @property
     def content(self) -> str | None:

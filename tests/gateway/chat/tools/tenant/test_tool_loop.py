@@ -23,6 +23,7 @@ from tests.gateway.harness import (
     LiveGateway,
     create_database,
     drop_database,
+    enforce_as_vllm,
     live_gateway,
     make_settings,
     pg_url,
@@ -136,6 +137,33 @@ async def test_a_webhook_tool_runs_and_the_answer_continues(
         usage.prompt_tokens_details.cached_tokens
         == first["cached_tokens"] + second["cached_tokens"]
     )
+
+
+async def test_a_primed_forced_call_runs_and_continues_on_a_json_schema_engine(
+    gw: LiveGateway, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As vLLM serves a tenant's forced tool (no Lark: the call primed, its JSON schema held):
+    the call is valid, it runs, and the next step continues the first one's KV."""
+    enforce_as_vllm(monkeypatch)
+    tools = [hook("lookup_order", f"{receiver.url}/ok")]
+    client = await _tenant(
+        gw, receiver, tools=tools, tool_choice=named("lookup_order"), max_tool_rounds=1
+    )
+    before = len(receiver.calls)
+    done = await _ask(gw, client, temperature=1.0, seed=5)
+    runs, steps = _extra(done)
+    assert [(r["name"], r["status"], r["round"]) for r in runs] == [("lookup_order", "ok", 1)]
+    assert 1 <= receiver.calls[before].body["arguments"]["order_id"] <= 99
+    assert len(steps) == 2 and done.choices[0].message.tool_calls is None
+    block = gw.state.engine.info.block_size
+    first, second = steps
+    assert (
+        second["cached_tokens"]
+        >= (first["prompt_tokens"] + first["completion_tokens"] - 1) // block * block
+    )
+    # the result turn, and the closing tag the primed answer never wrote
+    result_turn = second["prompt_tokens"] - first["prompt_tokens"] - first["completion_tokens"]
+    assert 0 < result_turn < 120, steps
 
 
 async def test_the_round_limit_ends_the_loop(gw: LiveGateway, receiver: Receiver) -> None:
