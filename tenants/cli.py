@@ -55,6 +55,38 @@ def _add_limits(p: argparse.ArgumentParser, names: Sequence[str] = LIMIT_OPTS) -
         p.add_argument(flag, type=kind, dest=name, metavar="N", help=LIMIT_HELP[name])
 
 
+# set-policy's switches: flag -> (TenantPatch field, help); each takes on or off.
+POLICY_SWITCHES = {
+    "--client-system": (
+        "allow_client_system",
+        "off: chat requests that carry system or developer messages are refused (400)",
+    ),
+    "--conversation-store": (
+        "conversation_store",
+        "off: every response is served with store off (nothing kept)",
+    ),
+    "--vllm-visitor-salt": (
+        "vllm_visitor_salt",
+        "on: through vLLM (KVGATE_BACKEND=vllm), a cache salt per visitor: visitors isolated, "
+        "the tenant prefix computed again for each (docs/contracts.md, 'Through vLLM')",
+    ),
+}
+
+
+def _add_policy(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", help="the tenant's display name")
+    for flag, (dest, help_) in POLICY_SWITCHES.items():
+        p.add_argument(flag, dest=dest, choices=("on", "off"), help=help_)
+    p.add_argument(
+        "--conversation-retention-days",
+        dest="conversation_retention_days",
+        type=int,
+        metavar="N",
+        help="days a stored conversation is kept after its last turn (0: the gateway's "
+        "KVGATE_CONVERSATION_RETENTION_DAYS)",
+    )
+
+
 def _add_prompt(p: argparse.ArgumentParser, required: bool) -> None:
     g = p.add_mutually_exclusive_group(required=required)
     g.add_argument("--prompt", "--text", dest="prompt", help="system prompt text")
@@ -91,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     _tenant_cmd(sub, "suspend", "suspend a tenant: its keys get 403 until it is resumed")
     _tenant_cmd(sub, "resume", "make a suspended or deleted tenant active again")
     _tenant_cmd(sub, "delete", "soft-delete a tenant: its keys stop authenticating (401)")
+    p = _tenant_cmd(sub, "set-policy", "change a tenant's name and policies (as PATCH does)")
+    _add_policy(p)
     p = _tenant_cmd(sub, "set-prompt", "set the system prompt (a new version, made active)")
     _add_prompt(p, required=True)
     p.add_argument(
@@ -213,6 +247,17 @@ def _status_change(status: Literal["active", "suspended"]) -> Action:
     return run
 
 
+async def _set_policy(store: TenantStore, args: argparse.Namespace) -> None:
+    fields = _given(args, ("name", "conversation_retention_days"))
+    for dest, _ in POLICY_SWITCHES.values():
+        value = getattr(args, dest)
+        if value is not None:
+            fields[dest] = value == "on"
+    if not fields:
+        raise ConfigError("set-policy", "nothing to change (see kvgate tenants set-policy --help)")
+    _dump(await store.update_tenant(args.id, parse(TenantPatch, fields), actor=ACTOR))
+
+
 async def _delete(store: TenantStore, args: argparse.Namespace) -> None:
     tenant = await store.delete_tenant(args.id, actor=ACTOR)
     print(f"tenant {tenant.id} is {tenant.status}")
@@ -315,6 +360,7 @@ ACTIONS: dict[str, Action] = {
     "suspend": _status_change("suspended"),
     "resume": _status_change("active"),
     "delete": _delete,
+    "set-policy": _set_policy,
     "set-prompt": _set_prompt,
     "prompt-versions": _prompt_versions,
     "show-prompt": _show_prompt,

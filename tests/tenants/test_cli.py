@@ -182,6 +182,32 @@ def test_cli_status_changes(cli_db: str, capsys: pytest.CaptureFixture[str]) -> 
     assert rc == 1 and "not found" in err
 
 
+def test_cli_set_policy_changes_only_what_it_is_given(
+    cli_db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _run(capsys, "migrate")[0] == 0
+    assert _run(capsys, "tenants", "create", "acme", "--name", "A")[0] == 0
+    rc, out, _ = _run(
+        capsys, "tenants", "set-policy", "acme", "--vllm-visitor-salt", "on",
+        "--conversation-store", "off", "--conversation-retention-days", "7",
+    )  # fmt: skip
+    shown = json.loads(out)
+    assert rc == 0 and shown["vllm_visitor_salt"] is True and shown["conversation_store"] is False
+    assert shown["conversation_retention_days"] == 7 and shown["allow_client_system"] is True
+    rc, out, _ = _run(capsys, "tenants", "set-policy", "acme", "--client-system", "off")
+    shown = json.loads(out)
+    assert rc == 0 and shown["allow_client_system"] is False and shown["vllm_visitor_salt"]
+    assert asyncio.run(_audit_actions(cli_db, "acme"))[-1] == ("cli", "tenant.update")
+    rc, _, err = _run(capsys, "tenants", "set-policy", "acme")
+    assert rc == 2 and "nothing to change" in err
+    rc, _, err = _run(
+        capsys, "tenants", "set-policy", "acme", "--conversation-retention-days", "-1"
+    )
+    assert rc == 1 and "conversation_retention_days" in err  # invalid values: as set-limits
+    rc, _, err = _run(capsys, "tenants", "set-policy", "ghost", "--name", "G")
+    assert rc == 1 and "not found" in err
+
+
 def test_cli_keys_with_limits(cli_db: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(capsys, "migrate")[0] == 0
     assert _run(capsys, "tenants", "create", "acme", "--name", "A")[0] == 0

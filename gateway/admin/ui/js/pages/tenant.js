@@ -1,10 +1,12 @@
-// One tenant: a header and tabs (prompt, keys, limits, widget, usage, transcripts, audit).
+// One tenant: a header and tabs (prompt, keys, limits, policies, widget, usage, transcripts,
+// audit).
 import { api, enc } from '../api.js';
 import { badge, h } from '../dom.js';
 import { busy } from '../ui.js';
 import { renderAudit } from './audit.js';
 import { renderKeys } from './keys.js';
 import { renderLimits } from './limits.js';
+import { renderPolicy } from './policy.js';
 import { renderPrompt } from './prompt.js';
 import { renderTranscripts } from './transcripts.js';
 import { renderUsage } from './usage.js';
@@ -12,7 +14,8 @@ import { renderWidget } from './widget.js';
 
 const TABS = [
   ['prompt', 'System prompt', renderPrompt], ['keys', 'Keys', renderKeys],
-  ['limits', 'Limits & budget', renderLimits], ['widget', 'Widget', renderWidget],
+  ['limits', 'Limits & budget', renderLimits], ['policies', 'Policies', renderPolicy],
+  ['widget', 'Widget', renderWidget],
   ['usage', 'Usage', renderUsage], ['transcripts', 'Transcripts', renderTranscripts],
   ['audit', 'Audit log', renderAudit],
 ];
