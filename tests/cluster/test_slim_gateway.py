@@ -4,8 +4,6 @@ process where importing torch or Triton fails serves chat through an engine work
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,34 +13,9 @@ from openai import AsyncOpenAI
 
 from gateway.cluster.local import ENGINE_EXTRA, LocalWorker
 from tests.cluster.workers import TOKEN, start_workers, stop_workers
-from tests.e2e.servers import ServeProcess
+from tests.e2e.servers import SlimServe
 
 ADMIN = "slim-admin-token-0123456789abcdef"
-# ``kvgate serve`` as the console script runs it, with torch and Triton made unimportable first
-# (a finder ahead of every other refuses them, as an install without them would).
-NO_TORCH = """
-import sys
-
-class NoTorch:
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in ("torch", "triton"):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-sys.meta_path.insert(0, NoTorch())
-from gateway.cli import main
-sys.exit(main())
-"""
-
-
-class SlimServe(ServeProcess):
-    def start(self) -> None:
-        cmd = [sys.executable, "-c", NO_TORCH, "serve", "--host", "127.0.0.1"]
-        cmd += ["--port", str(self.port)]
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                cmd, cwd=self.cwd, env=self.env, stdout=out, stderr=subprocess.STDOUT
-            )
 
 
 @pytest.fixture(scope="module")

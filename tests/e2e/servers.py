@@ -90,3 +90,32 @@ class ServeProcess:
                 raise AssertionError(f"kvgate serve ignored SIGTERM:\n{self.read_output()}")
             await asyncio.sleep(0.05)
         return self.proc.returncode
+
+
+# ``kvgate serve`` as the console script runs it, with torch and Triton made unimportable first
+# (a finder ahead of every other refuses them, as an install without them would).
+NO_TORCH = """
+import sys
+
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("torch", "triton"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NoTorch())
+from gateway.cli import main
+sys.exit(main())
+"""
+
+
+class SlimServe(ServeProcess):
+    """``kvgate serve`` as the slim install runs it: torch and Triton cannot be imported."""
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-c", NO_TORCH, "serve", "--host", "127.0.0.1"]
+        cmd += ["--port", str(self.port)]
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                cmd, cwd=self.cwd, env=self.env, stdout=out, stderr=subprocess.STDOUT
+            )
