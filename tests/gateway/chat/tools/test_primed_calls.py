@@ -9,14 +9,20 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
 import pytest_asyncio
 
 from engine.remote.vllm_wire import VLLM_GRAMMARS
-from tests.gateway.chat.tools.test_tools_api import ASK, STATUS, TOOLS, CancelOrder, GetOrderStatus
+from tests.gateway.chat.tools.test_tools_api import (
+    ASK,
+    STATUS,
+    TOOLS,
+    CancelOrder,
+    GetOrderStatus,
+    _args,
+)
 from tests.gateway.harness import (
     LiveGateway,
     TenantHandle,
@@ -56,11 +62,6 @@ async def client(gw: LiveGateway) -> openai.AsyncOpenAI:
     limits = {"rpm": 10_000, "tpm": 10_000_000, "max_concurrency": 16, "max_output_tokens": 400}
     tenant: TenantHandle = await gw.create_tenant("primed", system_prompt=SYSTEM, limits=limits)
     return gw.openai(tenant.key)
-
-
-def _args(gw: LiveGateway, **kw: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {"model": gw.state.model_name, "messages": ASK, "max_tokens": 300}
-    return {**base, "temperature": 1.0, "seed": 7, **kw}
 
 
 async def test_required_is_one_valid_call_with_the_opening_in_the_prompt(
