@@ -3,7 +3,7 @@
 response.created, response.in_progress
 per message:  output_item.added, content_part.added, output_text.delta ...,
               output_text.done, content_part.done, output_item.done
-per call:     output_item.added, function_call_arguments.delta / .done, output_item.done
+per call:     output_item.added, function_call_arguments.delta ..., .done, output_item.done
 response.completed (or response.incomplete), whose response is the stored one
 """
 
@@ -60,15 +60,31 @@ class EventStream:
         await self.send("response.output_item.done", output_index=index, item=dict(item.data))
 
     async def call(self, item: NewItem, index: int) -> None:
-        started = {**item.data, "arguments": "", "status": "in_progress"}
+        """A whole call at once (its arguments in one delta)."""
+        data = item.data
+        await self.begin_call(item.id, index, data["call_id"], data["name"])
+        await self.arguments_delta(item.id, index, data["arguments"])
+        await self.end_call(item, index)
+
+    async def begin_call(self, item_id: str, index: int, call_id: str, name: str) -> None:
+        item = {"id": item_id, "type": "function_call", "call_id": call_id, "name": name}
+        started = {**item, "arguments": "", "status": "in_progress"}
         await self.send("response.output_item.added", output_index=index, item=started)
-        where = {"item_id": item.id, "output_index": index}
-        args = item.data["arguments"]
-        await self.send("response.function_call_arguments.delta", **where, delta=args)
+
+    async def arguments_delta(self, item_id: str, index: int, delta: str) -> None:
+        await self.send(
+            "response.function_call_arguments.delta",
+            item_id=item_id,
+            output_index=index,
+            delta=delta,
+        )
+
+    async def end_call(self, item: NewItem, index: int) -> None:
         await self.send(
             "response.function_call_arguments.done",
-            **where,
-            arguments=args,
+            item_id=item.id,
+            output_index=index,
+            arguments=item.data["arguments"],
             name=item.data["name"],
         )
         await self.send("response.output_item.done", output_index=index, item=dict(item.data))

@@ -28,6 +28,7 @@ from gateway.chat.observe import RequestObserver
 from gateway.chat.schemas import ChatRequest
 from gateway.chat.sse import open_stream
 from gateway.chat.tools.answer import complete
+from gateway.chat.tools.formats import ToolFormat
 from gateway.chat.tools.loop import ToolLoop
 from gateway.chat.tools.models import ToolDef
 from gateway.chat.tools.plan import OutputPlan
@@ -38,12 +39,13 @@ from gateway.responses.build import chat_request, check_instructions
 from gateway.responses.events import EventStream
 from gateway.responses.history import History, load_history
 from gateway.responses.items import parse_input, to_messages
+from gateway.responses.live import LiveOutput
 from gateway.responses.objects import response_body
 from gateway.responses.output import Answer, item_bodies, output_items, usage_of
 from gateway.responses.owner import conversation_options, owner_scope
 from gateway.responses.request import ResponsesRequest, parse_responses_request
 from gateway.responses.tail import TailPlan, digest, tail_of
-from tenants.conversation_records import NewItem, NewResponse, OwnerScope, new_id
+from tenants.conversation_records import NewItem, NewResponse, OwnerScope
 from tenants.conversation_store import ConversationStore
 from tenants.models import utcnow
 
@@ -143,8 +145,8 @@ class ResponsesTurn:
     ) -> web.StreamResponse:
         assert self.req is not None
         calls = ready.plan.calls
-        if self.req.stream and calls is None:
-            return await self._stream_text(request, gen, ready, headers, obs)
+        if self.req.stream:
+            return await self._stream(request, gen, ready, headers, obs, calls)
         c = (await gen.results())[0]
         if calls is None:
             answer = Answer(c.text, (), c.finish_reason)
@@ -201,31 +203,34 @@ class ResponsesTurn:
             await self._close_events(events, body, obs)
         return events.resp
 
-    async def _stream_text(
+    async def _stream(
         self,
         request: web.Request,
         gen: ChoiceGroup,
         ready: Prepared,
         headers: dict[str, str],
         obs: RequestObserver,
+        calls: ToolFormat | None,
     ) -> web.StreamResponse:
+        """The answer as it is generated: text deltas, and calls (when the answer is parsed for
+        them) as items of their own (gateway/responses/live.py)."""
         events = EventStream(await open_stream(request, headers))
         async with _failures_as_events(events, obs):
             await self._open_events(events)
-            item_id, parts, reason = new_id("msg"), [], "stop"
-            await events.begin_message(item_id, 0)
+            live, reason = LiveOutput(events, calls), "stop"
             async with contextlib.aclosing(gen.pieces()) as pieces:
                 async for piece in pieces:
                     if piece.finish_reason is not None:
                         reason = piece.finish_reason
                     elif piece.text:
-                        parts.append(piece.text)
-                        await events.text_delta(item_id, 0, piece.text)
-            answer = Answer("".join(parts), (), reason)
-            items = output_items(answer, item_id)
+                        await live.feed(piece.text)
+            await live.close()
+            answer = live.answer(reason)
+            gen.stats.finish_reason = answer.finish_reason
+            items = live.items(answer)
             ids = gen.choices[0].token_ids
             body = await self._stored(request, gen, ready, answer, items, ids)
-            await events.end_message(items[0], 0)
+            await live.finish(items)
             await self._close_events(events, body, obs)
         return events.resp
 

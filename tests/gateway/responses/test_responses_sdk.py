@@ -4,6 +4,7 @@ published schemas (tests/conformance/contract.py)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -12,6 +13,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.gateway.harness import live_gateway, make_settings
+from tests.gateway.responses.test_requests import WEATHER
 
 SYSTEM = "You are the support assistant of Example Incorporated. Answer briefly. " * 4
 
@@ -88,3 +90,47 @@ async def test_parse_structured_output(
         )
         assert r.status == "completed", r.output_text
         assert isinstance(r.output_parsed, Weather)
+
+
+async def test_streamed_calls_arrive_as_they_are_written(
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    """A turn that may call tools streams as it is generated: each call an item of its own,
+    added once its name is known, its arguments in fragments; the streamed items are the stored
+    response's, ids and order included."""
+    settings = make_settings(gateway_database, tmp_path)
+    async with live_gateway(settings, demo_model_dir) as gw:
+        t = await gw.create_tenant("stream-calls")
+        client = gw.openai(t.key)
+        kinds, fragments, added = [], [], []
+        async with client.responses.stream(
+            model=gw.state.model_name,
+            input="What is the weather in Oslo?",
+            tools=[WEATHER],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_output_tokens=200,
+        ) as stream:
+            async for event in stream:
+                kinds.append(event.type)
+                if event.type == "response.function_call_arguments.delta":
+                    fragments.append(event.delta)
+                if event.type == "response.output_item.added":
+                    added.append(event.item.id)
+            final = await stream.get_final_response()
+        assert final.status == "completed", kinds
+        calls = [o for o in final.output if o.type == "function_call"]
+        assert calls and all(c.name == "get_weather" for c in calls)
+        assert [o.id for o in final.output] == added
+        assert len(fragments) > len(calls)  # written piece by piece, not sent whole
+        assert "".join(fragments) == "".join(c.arguments for c in calls)
+        assert kinds.index("response.output_item.added") < kinds.index(
+            "response.function_call_arguments.delta"
+        )
+        for call in calls:
+            assert json.loads(call.arguments)["city"] in ("Oslo", "Bergen")
+        stored = await client.responses.retrieve(final.id)
+        sdk_only = {"parsed_arguments"}  # the stream helper's own field
+        assert [o.model_dump(exclude=sdk_only) for o in stored.output] == [
+            o.model_dump(exclude=sdk_only) for o in final.output
+        ]
