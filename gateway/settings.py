@@ -424,6 +424,14 @@ VARIABLES: tuple[Variable, ...] = (
         "the vLLM servers run --scheduling-policy priority: requests carry vLLM's priority "
         "(interactive 0, batch 1)",
     ),
+    Variable(
+        "KVGATE_VLLM_REWARM_RECENT_S",
+        _float_in(0.0, 86_400.0),
+        "30",
+        "vLLM: a kept tenant prompt whose blocks a server evicted is warmed again only if the "
+        "tenant had a request there within this many seconds (and the server is idle); "
+        "0: never warmed again",
+    ),
     Variable("KVGATE_USAGE_LEDGER", _bool, "true", "usage ledger: one record per chat request"),
     Variable(
         "KVGATE_USAGE_SPOOL_DIR",
@@ -791,6 +799,7 @@ class ClusterSettings:
     load_window_s: float = 10.0
     backend_max_inflight: int = 64  # per replica, this gateway's (gateway/cluster/dispatch.py)
     backend_priority: bool = False  # vLLM's priority field sent (--scheduling-policy priority)
+    rewarm_recent_s: float = 30.0  # vLLM: re-warms only for tenants this recent (0: none)
 
     @classmethod
     def from_source(cls, src: Mapping[str, str]) -> ClusterSettings:
@@ -807,6 +816,7 @@ class ClusterSettings:
             load_window_s=value(src, "KVGATE_LOAD_WINDOW_S"),
             backend_max_inflight=value(src, "KVGATE_BACKEND_MAX_INFLIGHT"),
             backend_priority=value(src, "KVGATE_BACKEND_PRIORITY"),
+            rewarm_recent_s=value(src, "KVGATE_VLLM_REWARM_RECENT_S"),
         )
 
 

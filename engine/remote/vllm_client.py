@@ -37,7 +37,7 @@ from engine.remote.kv_subscriber import KVEventEndpoint, KVEventSubscriber
 from engine.remote.messages import PROTOCOL, KvEvent, Removed, WorkerInfo, WorkerLoad
 from engine.remote.vllm_keys import VllmKeyMap
 from engine.remote.vllm_probe import ServerMetrics, event_sources, parse_metrics, served_model
-from engine.remote.vllm_rewarm import Kept, Rewarmer
+from engine.remote.vllm_rewarm import RECENT_S, Kept, Rewarmer
 from engine.remote.vllm_stream import StreamState, rejection
 from engine.remote.vllm_wire import completion_body, vllm_salt
 
@@ -72,7 +72,10 @@ class VllmClient:
         *,
         kv_events: KVEventEndpoint | None = None,
         priority: bool = False,
+        rewarm_recent_s: float = RECENT_S,
     ) -> None:
+        """``rewarm_recent_s``: kept prompts are warmed again for tenants with a request here
+        this recently (engine/remote/vllm_rewarm.py; 0: never)."""
         self.url = url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._session = session
@@ -85,7 +88,9 @@ class VllmClient:
         self._boot = ""
         self._flights: dict[str, _Flight] = {}  # request id -> its stream
         self.warm: dict[int, WarmPrompt] = {}  # pin id -> prompt
-        self.rewarmer = Rewarmer(self._rewarm, lambda: self._requests > 0, self._kept)
+        self.rewarmer = Rewarmer(
+            self._rewarm, lambda: self._requests > 0, self._kept, recent_s=rewarm_recent_s
+        )
         self._requests = 0  # in flight, re-warms not counted
         self.served = 0
 

@@ -5,7 +5,7 @@ in front of real requests on a busy server, and when the server's cache cannot h
 kept it is evicted again by the next requests (thrash). So a prompt is warmed again only when:
 
     its tenant had a request on this server within ``recent_s`` (a cold tenant's next request
-        computes its prompt, as without a placement)
+        computes its prompt, as without a placement; ``KVGATE_VLLM_REWARM_RECENT_S``, 0: never)
     the prompts kept there fit the server's cache together (else none is warmed again)
     the server has no request of this gateway in flight (a re-warm never waits in front of
         one; one due while busy is done when the server is idle, if still due then)
@@ -67,7 +67,7 @@ class Rewarmer:
 
     def recent(self, namespace: str) -> bool:
         at = self._last_used.get(namespace)
-        return at is not None and self._clock() - at <= self._recent_s
+        return at is not None and self._recent_s > 0 and self._clock() - at <= self._recent_s
 
     def mark(self, pin_ids: Iterable[int]) -> None:
         for pin_id in pin_ids:

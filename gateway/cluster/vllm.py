@@ -89,6 +89,7 @@ class VllmSource:
             timeout,
             kv_events=self.kv_events.get(url),
             priority=self.settings.cluster.backend_priority,
+            rewarm_recent_s=self.settings.cluster.rewarm_recent_s,
         )
 
     async def open_cluster(self) -> ClusterEngine:

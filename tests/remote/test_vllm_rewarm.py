@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
+
 from engine.errors import EngineOverloaded
+from engine.remote.vllm_client import VllmClient
 from engine.remote.vllm_rewarm import Kept, Rewarmer
+from gateway.cluster.vllm import VllmSource
+from gateway.settings import Settings
 
 
 class Server:
@@ -70,6 +75,18 @@ async def test_a_tenant_without_recent_traffic_is_not_warmed_again() -> None:
     rw.kick()
     await rw.idle()
     assert srv.sent == [3] and rw.skipped == 2
+
+
+async def test_a_window_of_zero_never_warms_again() -> None:
+    """``KVGATE_VLLM_REWARM_RECENT_S=0``: re-warms off, even for a request this instant."""
+    srv = Server()
+    srv.kept = {1: Kept("a", 1)}
+    rw = srv.rewarmer(recent_s=0.0)
+    rw.used("a")
+    rw.mark([1])
+    rw.kick()
+    await rw.idle()
+    assert srv.sent == [] and rw.done == 0 and rw.skipped == 1
 
 
 async def test_one_rewarm_in_flight_at_a_time() -> None:
@@ -172,3 +189,27 @@ async def test_close_cancels_the_rewarm_in_flight() -> None:
     rw.kick()
     await rw.idle()
     assert srv.sent == [1]
+
+
+async def test_the_setting_reaches_each_servers_rewarmer() -> None:
+    """``KVGATE_VLLM_REWARM_RECENT_S`` through the vLLM source to every server's client."""
+    env = {
+        "KVGATE_BACKEND": "vllm",
+        "KVGATE_WORKERS": "http://127.0.0.1:8001,http://127.0.0.1:8002",
+        "KVGATE_VLLM_REWARM_RECENT_S": "0",
+    }
+    source = VllmSource.from_settings(Settings.from_env(env), "/models/smol")
+    async with aiohttp.ClientSession() as http:
+        for url in source.endpoints:
+            client = source.connect(url, http, 1.0)
+            assert isinstance(client, VllmClient)
+            client.rewarmer.used("a")
+            assert not client.rewarmer.recent("a")  # 0: none is recent enough
+    default = VllmSource.from_settings(
+        Settings.from_env({**env, "KVGATE_VLLM_REWARM_RECENT_S": "30"}), "/m"
+    )
+    async with aiohttp.ClientSession() as http:
+        client = default.connect(default.endpoints[0], http, 1.0)
+        assert isinstance(client, VllmClient)
+        client.rewarmer.used("a")
+        assert client.rewarmer.recent("a")
