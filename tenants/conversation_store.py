@@ -20,6 +20,7 @@ What callers may use (values in tenants/conversation_records.py):
       .append_items(scope, id, items)                -> tuple[ItemRecord, ...]
       .list_items(scope, id, limit, after, order)    -> Page
       .get_item / .delete_item(scope, id, item_id)
+      .find_item(scope, item_id)                     -> the owner's item in any conversation
       .conversation_history(scope, id)               -> every item, oldest first
       .save_response(NewResponse)                    -> ResponseRecord
       .get_response / .delete_response(scope, id)
@@ -67,6 +68,7 @@ from tenants.conversations import (
     create_conversation,
     delete_conversation,
     delete_item,
+    find_item,
     get_conversation,
     get_item,
     list_conversations,
@@ -144,6 +146,9 @@ class ConversationStore:
 
     async def get_item(self, scope: Scope, conv_id: str, item_id: str) -> ItemRecord:
         return await self.store.read(lambda s: get_item(s, scope, conv_id, item_id))
+
+    async def find_item(self, scope: Scope, item_id: str) -> ItemRecord:
+        return await self.store.read(lambda s: find_item(s, scope, item_id))
 
     async def delete_item(self, scope: Scope, conv_id: str, item_id: str) -> None:
         await self._write(lambda s: delete_item(s, scope, conv_id, item_id))

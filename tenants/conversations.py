@@ -258,6 +258,21 @@ async def get_item(session: AsyncSession, scope: Scope, conv_id: str, item_id: s
     return ItemRecord.of(await _item_row(session, scope, conv_id, item_id))
 
 
+async def find_item(session: AsyncSession, scope: Scope, item_id: str) -> ItemRecord:
+    """The owner's latest stored item with this id, in any conversation or response (what an
+    ``item_reference`` names); another owner's is not found."""
+    stmt = (
+        select(ItemRow)
+        .where(*_owned(scope, ItemRow.tenant_id, ItemRow.owner), ItemRow.id == item_id)
+        .order_by(ItemRow.pk.desc())
+        .limit(1)
+    )
+    row = (await session.execute(stmt)).scalar_one_or_none()
+    if row is None:
+        raise ItemNotFound(item_id)
+    return ItemRecord.of(row)
+
+
 async def delete_item(session: AsyncSession, scope: Scope, conv_id: str, item_id: str) -> None:
     row = await _item_row(session, scope, conv_id, item_id)
     await session.execute(

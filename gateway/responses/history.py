@@ -1,6 +1,7 @@
 """What a turn continues: the items of ``previous_response_id``'s chain or of ``conversation``,
 and the stored tail of its last response (gateway/responses/tail.py), read under the caller's
-owner scope (an id of another owner or tenant is a 404, as one that never existed)."""
+owner scope (an id of another owner or tenant is a 404, as one that never existed); the stored
+items its ``item_reference`` inputs name."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from gateway.errors import ApiError
 from gateway.responses.request import ResponsesRequest
 from tenants.conversation_records import (
     ConversationNotFound,
+    ItemNotFound,
     ItemRecord,
+    NewItem,
     OwnerScope,
     ResponseNotFound,
     Tail,
@@ -70,3 +73,22 @@ async def load_history(
     if conv_id is not None:
         return await _conversation(store, scope, conv_id)
     return History()
+
+
+async def resolve_references(
+    store: ConversationStore, scope: OwnerScope, items: list[NewItem], param: str = "input"
+) -> list[NewItem]:
+    """``item_reference`` inputs as the stored items they name (the owner's own, from any of
+    its responses or conversations; another owner's id is a 404, as one that never existed).
+    The item is taken as it was stored: its id, type and content."""
+    out: list[NewItem] = []
+    for index, item in enumerate(items):
+        if item.type != "item_reference":
+            out.append(item)
+            continue
+        try:
+            found = await store.find_item(scope, item.id)
+        except ItemNotFound:
+            raise not_found("Item", item.id, f"{param}[{index}].id") from None
+        out.append(NewItem(found.id, found.type, dict(found.data)))
+    return out

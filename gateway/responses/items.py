@@ -122,6 +122,11 @@ def parse_item(item: Any, param: str) -> NewItem:
         call_id = _str_field(item, "call_id", param)
         name = _str_field(item, "name", param)
         return call_item(call_id, name, _str_field(item, "arguments", param), _own_id(item))
+    if kind == "item_reference":  # resolved against the store (gateway/responses/history.py)
+        ref = _own_id(item)
+        if ref is None:
+            raise _bad(f"{param}.id", "must be the id of a stored item (1-64 characters)")
+        return NewItem(ref, "item_reference", {"type": "item_reference", "id": ref})
     if kind == "function_call_output":
         call_id = _str_field(item, "call_id", param)
         output = item.get("output")

@@ -37,7 +37,7 @@ from gateway.errors import ApiError, to_api_error
 from gateway.prompts.tenant_prefix import TenantPrefix
 from gateway.responses.build import chat_request, check_instructions
 from gateway.responses.events import EventStream
-from gateway.responses.history import History, load_history
+from gateway.responses.history import History, load_history, resolve_references
 from gateway.responses.items import parse_input, to_messages
 from gateway.responses.live import LiveOutput
 from gateway.responses.objects import response_body
@@ -91,8 +91,9 @@ class ResponsesTurn:
         self.store = req.store is not False and policy.store
         self.scope = owner_scope(request, principal)
         check_instructions(req, principal)
-        self.inputs = parse_input(req.input)
-        self.history = await load_history(ConversationStore(state.store), self.scope, req)
+        store = ConversationStore(state.store)
+        self.inputs = await resolve_references(store, self.scope, parse_input(req.input))
+        self.history = await load_history(store, self.scope, req)
         instructions = [req.instructions] if req.instructions else []
         history = to_messages(self.history.data)
         messages = to_messages([i.data for i in self.inputs])

@@ -26,6 +26,7 @@ from gateway.chat.views import serve_turn
 from gateway.context import STATE
 from gateway.errors import REQUEST_ID, TENANT, ApiError, new_request_id, register_error
 from gateway.responses.build import check_system_items
+from gateway.responses.history import resolve_references
 from gateway.responses.items import parse_input
 from gateway.responses.objects import (
     conversation_body,
@@ -88,15 +89,18 @@ def _storing(principal: Principal) -> None:
         )
 
 
-def _items(doc: dict[str, Any], principal: Principal) -> list[NewItem]:
-    """A body's ``items`` (system / developer ones under the client-system policy)."""
+async def _items(
+    store: ConversationStore, scope: OwnerScope, doc: dict[str, Any], principal: Principal
+) -> list[NewItem]:
+    """A body's ``items`` (system / developer ones under the client-system policy; an
+    ``item_reference`` as the owner's stored item it names)."""
     raw = doc.get("items")
     if raw is None:
         return []
     if not isinstance(raw, list):
         raise ApiError(400, "items must be an array", param="items")
     check_system_items(raw, principal, "items")
-    return parse_input(raw, "items")
+    return await resolve_references(store, scope, parse_input(raw, "items"), "items")
 
 
 def _json(request: web.Request, body: dict[str, Any]) -> web.Response:
@@ -183,7 +187,7 @@ async def create_conversation(request: web.Request) -> web.Response:
     _storing(principal)
     doc = await _body(request)
     _known(doc, ("metadata", "items"))
-    items = _items(doc, principal)
+    items = await _items(store, scope, doc, principal)
     conv = await store.create_conversation(scope, _metadata(doc), items)
     return _json(request, conversation_body(conv))
 
@@ -225,7 +229,7 @@ async def add_items(request: web.Request) -> web.Response:
     _storing(principal)
     doc = await _body(request)
     _known(doc, ("items",))
-    items = _items(doc, principal)
+    items = await _items(store, scope, doc, principal)
     if not items:
         raise ApiError(400, "items must be a non-empty array", param="items")
     added = await store.append_items(scope, request.match_info["id"], items)

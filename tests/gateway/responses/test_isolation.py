@@ -23,8 +23,12 @@ from tests.widget.helpers import new_session, widget_tenant
 SITE = "https://shop.example"
 
 
-async def assert_hidden(client: openai.AsyncOpenAI, model: str, resp_id: str, conv_id: str) -> None:
-    """Every route answers 404 for ids of another owner."""
+async def assert_hidden(
+    client: openai.AsyncOpenAI, model: str, resp_id: str, conv_id: str, item_id: str = ""
+) -> None:
+    """Every route answers 404 for ids of another owner (``item_id``: one of its stored
+    items, named by an ``item_reference``)."""
+    ref = [{"type": "item_reference", "id": item_id}] if item_id else None
     calls: list[Any] = [
         client.responses.retrieve(resp_id),
         client.responses.input_items.list(resp_id),
@@ -39,6 +43,8 @@ async def assert_hidden(client: openai.AsyncOpenAI, model: str, resp_id: str, co
         ),
         client.conversations.delete(conv_id),
     ]
+    if ref is not None:
+        calls.append(client.responses.create(model=model, input=ref))  # type: ignore[arg-type]
     for call in calls:
         with pytest.raises(openai.NotFoundError) as caught:
             await call
@@ -64,9 +70,10 @@ async def test_other_tenant_and_other_key_get_404(
         a, b = await gw.create_tenant("iso-a"), await gw.create_tenant("iso-b")
         owner = gw.openai(a.key)
         resp_id, conv_id = await _made(owner, model)
-        await assert_hidden(gw.openai(b.key), model, resp_id, conv_id)
+        item_id = (await owner.responses.retrieve(resp_id)).output[0].id
+        await assert_hidden(gw.openai(b.key), model, resp_id, conv_id, item_id)
         second = await gw.admin("POST", f"/tenants/{a.id}/keys", {"kind": "server"})
-        await assert_hidden(gw.openai(second["key"]), model, resp_id, conv_id)
+        await assert_hidden(gw.openai(second["key"]), model, resp_id, conv_id, item_id)
         # the owner still has all of it, untouched
         assert (await owner.responses.retrieve(resp_id)).id == resp_id
         items = await owner.conversations.items.list(conv_id, order="asc")

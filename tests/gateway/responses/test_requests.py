@@ -52,7 +52,6 @@ UNSUPPORTED = [
         "input[0].content[0].type",
     ),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"previous_response_id": "resp_1", "conversation": "conv_1"}, "previous_response_id"),
     ({"surprise": 1}, "surprise"),
     ({"max_output_tokens": 8}, "max_output_tokens"),  # OpenAI's minimum is 16
@@ -152,3 +151,42 @@ async def test_function_tools_round_trip(
                 input=[{"type": "function_call_output", "call_id": "nope", "output": "x"}],
                 max_output_tokens=16,
             )
+
+
+async def test_an_item_reference_brings_in_the_stored_item(
+    gateway_database: str, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    """``item_reference`` names one of the caller's stored items (any response or conversation):
+    the turn reads it as if it were sent, and it is the turn's input item; an unknown id is a
+    404 naming the item, in responses and in conversation items alike."""
+    settings = make_settings(gateway_database, tmp_path)
+    async with live_gateway(settings, demo_model_dir) as gw:
+        t = await gw.create_tenant("refs")
+        client, model = gw.openai(t.key), gw.state.model_name
+        first = await client.responses.create(
+            model=model, input="Remember the word kumquat.", max_output_tokens=16
+        )
+        asked = (await client.responses.input_items.list(first.id)).data[0]
+        alone = await client.responses.create(model=model, input="And?", max_output_tokens=16)
+        ref = [{"type": "item_reference", "id": asked.id}, {"role": "user", "content": "And?"}]
+        both = await client.responses.create(model=model, input=ref, max_output_tokens=16)
+        assert both.usage.input_tokens > alone.usage.input_tokens  # the item was read
+        items = (await client.responses.input_items.list(both.id, order="asc")).data
+        assert [i.id for i in items] == [asked.id, items[1].id] and len(items) == 2
+        assert items[0].content[0].text == "Remember the word kumquat."
+        conv = await client.conversations.create()
+        added = await client.conversations.items.create(
+            conv.id, items=[{"type": "item_reference", "id": first.output[0].id}]
+        )
+        assert added.data[0].id == first.output[0].id and added.data[0].type == "message"
+        for call in (
+            client.responses.create(
+                model=model, input=[{"type": "item_reference", "id": "msg_nope"}]
+            ),
+            client.conversations.items.create(
+                conv.id, items=[{"type": "item_reference", "id": "msg_nope"}]
+            ),
+        ):
+            with pytest.raises(openai.NotFoundError) as caught:
+                await call
+            assert caught.value.body["param"] in ("input[0].id", "items[0].id")
