@@ -165,7 +165,13 @@ async def test_structured_output_and_a_tool_round_trip(gw: LiveGateway) -> None:
     named = {"type": "function", "function": {"name": "opening_hours"}}
     for choice in ("required", named):
         forced = await client.chat.completions.create(
-            model=model, messages=USER, tools=tools, tool_choice=choice, max_tokens=60
+            model=model,
+            messages=USER,
+            tools=tools,
+            tool_choice=choice,
+            parallel_tool_calls=False,  # one call: the answer ends well within max_tokens
+            max_tokens=100,
+            temperature=0,
         )
         assert forced.choices[0].finish_reason == "tool_calls", forced
         for call in forced.choices[0].message.tool_calls or []:
