@@ -211,8 +211,7 @@ async def prepare(
         if ids is None:
             rendering = plan.rendering(body.messages, rendered)
             ids = assemble(tok, entry.prefix, body.messages, max_len, rendering=rendering)
-        if plan.primer:  # a primed call's opening: the answer's start
-            ids = [*ids, *plan.primer_ids(tok)]
+        ids = plan.opened(ids, tok)  # a primed call's opening: the answer's start
         if len(ids) >= max_len:
             raise context_length_error(max_len, len(ids))
         check_plan(plan, tok)  # compiled above (or before): a lookup in the compile cache

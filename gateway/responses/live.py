@@ -26,7 +26,6 @@ class LiveOutput:
         self.text: list[str] = []
         self.message: tuple[str, int] | None = None  # (item id, output index), once begun
         self.calls: dict[int, tuple[str, int]] = {}  # call index -> (item id, output index)
-        self.begun = 0  # items begun
 
     async def feed(self, text: str) -> None:
         await self._send(self.parser.feed(text) if self.parser is not None else Parsed(text))
@@ -52,8 +51,8 @@ class LiveOutput:
         return self.parser.calls if self.parser is not None else []
 
     def _next(self) -> int:
-        self.begun += 1
-        return self.begun - 1
+        """The output index of the item beginning now: the count of those begun before it."""
+        return len(self.calls) + (self.message is not None)
 
     def answer(self, reason: str) -> Answer:
         """The answer as streamed (``reason``: the engine's finish reason)."""

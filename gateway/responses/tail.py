@@ -89,16 +89,14 @@ def tail_of(
     prompt_ids: Sequence[int],
     answer_ids: Sequence[int],
     turn_digest: str,
-    closer: str = "",
+    closing: Sequence[int] = (),
 ) -> Tail | None:
     """What the next turn continues from: the prompt after the prefix, then the answer (and
-    ``closer``, the closing of a primed call block: gateway/chat/tools/plan.py)."""
+    ``closing``, the tokens that close a primed call block: gateway/chat/tools/plan.py)."""
     n = len(prefix.ids)
     if list(prompt_ids[:n]) != list(prefix.ids):
         return None  # tools moved into the system turn: no stable prefix to continue
     ids = list(answer_ids)
     if ids and ids[-1] in tok.eos_token_ids:
         ids.pop()  # the template writes its own end of turn
-    if closer:
-        ids += tok.encode(closer)
-    return Tail(turn_digest, (*prompt_ids[n:], *ids))
+    return Tail(turn_digest, (*prompt_ids[n:], *ids, *closing))

@@ -291,7 +291,7 @@ class ResponsesTurn:
                 ready.prompt_ids,
                 answer_ids,
                 digest_,
-                ready.plan.closer,
+                ready.plan.closer_ids(self.tokenizer),
             )
         new = NewResponse(
             id=self.rid,

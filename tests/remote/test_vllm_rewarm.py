@@ -193,23 +193,16 @@ async def test_close_cancels_the_rewarm_in_flight() -> None:
 
 async def test_the_setting_reaches_each_servers_rewarmer() -> None:
     """``KVGATE_VLLM_REWARM_RECENT_S`` through the vLLM source to every server's client."""
-    env = {
-        "KVGATE_BACKEND": "vllm",
-        "KVGATE_WORKERS": "http://127.0.0.1:8001,http://127.0.0.1:8002",
-        "KVGATE_VLLM_REWARM_RECENT_S": "0",
-    }
-    source = VllmSource.from_settings(Settings.from_env(env), "/models/smol")
-    async with aiohttp.ClientSession() as http:
-        for url in source.endpoints:
-            client = source.connect(url, http, 1.0)
-            assert isinstance(client, VllmClient)
-            client.rewarmer.used("a")
-            assert not client.rewarmer.recent("a")  # 0: none is recent enough
-    default = VllmSource.from_settings(
-        Settings.from_env({**env, "KVGATE_VLLM_REWARM_RECENT_S": "30"}), "/m"
-    )
-    async with aiohttp.ClientSession() as http:
-        client = default.connect(default.endpoints[0], http, 1.0)
-        assert isinstance(client, VllmClient)
-        client.rewarmer.used("a")
-        assert client.rewarmer.recent("a")
+    for window, recent in (("0", False), ("30", True)):  # 0: none is recent enough
+        env = {
+            "KVGATE_BACKEND": "vllm",
+            "KVGATE_WORKERS": "http://127.0.0.1:8001,http://127.0.0.1:8002",
+            "KVGATE_VLLM_REWARM_RECENT_S": window,
+        }
+        source = VllmSource.from_settings(Settings.from_env(env), "/models/smol")
+        async with aiohttp.ClientSession() as http:
+            for url in source.endpoints:
+                client = source.connect(url, http, 1.0)
+                assert isinstance(client, VllmClient)
+                client.rewarmer.used("a")
+                assert client.rewarmer.recent("a") is recent

@@ -56,7 +56,6 @@ def next_prompt(
 ) -> list[int]:
     """``conversation``: the client's messages (earlier rounds' turns are in ``last_ids``; a
     primed answer's opening among them, its closing added here)."""
-    closer = plan.closer
     tools = tool_messages(results)
     marked = [*conversation, ChatMessage(role="assistant", content=MARKER), *tools]
     rendering = plan.rendering(marked, rendered)
@@ -65,11 +64,11 @@ def next_prompt(
     full = tok.apply_chat_template(convo, add_generation_prompt=True, marked=True, **extra)
     at = full.rfind(MARKER)
     if at < 0 or full.count(MARKER) != 1:
-        text = plan.primer + answer_text + closer
+        text = plan.primer + answer_text + plan.closer
         whole = [*conversation, ChatMessage(role="assistant", content=text), *tools]
         return assemble(tok, prefix, whole, rendering=plan.rendering(whole, rendered))
     ids = list(answer_ids)
     if ids and ids[-1] in tok.eos_token_ids:
         ids.pop()  # the template writes its own end of turn
-    closing = tok.encode(closer) if closer else []
-    return [*last_ids, *ids, *closing, *tok.encode_marked(full[at + len(MARKER) :])]
+    suffix = tok.encode_marked(full[at + len(MARKER) :])
+    return [*last_ids, *ids, *plan.closer_ids(tok), *suffix]

@@ -180,8 +180,7 @@ class ToolLoop:
             ids = self._next_ids(ids, step, results)
             last = rounds >= self.rt.tool_policy.max_rounds or time.monotonic() >= self.deadline
             plan = self.final if last else self.ready.plan
-            if plan.primer:  # a primed call's opening: the next answer's start
-                ids = [*ids, *plan.primer_ids(self.state.tokenizer)]
+            ids = plan.opened(ids, self.state.tokenizer)  # a primed call's opening
             max_tokens = self._room(ids, total)
             if max_tokens < 1:  # the turn's tokens are spent, or the context is full
                 return self._cut(out, None)

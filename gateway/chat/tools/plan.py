@@ -58,6 +58,15 @@ class OutputPlan:
         """``primer``'s tokens, as the model writes that text (none when not primed)."""
         return tok.encode(self.primer) if self.primer else []
 
+    def opened(self, ids: list[int], tok: Tokenizer) -> list[int]:
+        """A prompt's ids with the primer after them: where the answer starts (``ids`` itself
+        when not primed)."""
+        return [*ids, *self.primer_ids(tok)] if self.primer else ids
+
+    def closer_ids(self, tok: Tokenizer) -> list[int]:
+        """``closer``'s tokens (none when not primed)."""
+        return tok.encode(self.closer) if self.closer else []
+
     def rendering(self, messages: Sequence[ChatMessage], tools: Sequence[ToolDef]) -> Rendering:
         """The conversation for the template (with the prompt's rendering, off the loop for a
         large one: a conversation may hold thousands of messages)."""
